@@ -1,0 +1,5 @@
+import sys
+
+from kafka2delta.cli import main
+
+sys.exit(main())

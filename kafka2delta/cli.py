@@ -1,0 +1,160 @@
+"""Command line: ``kafka2delta ingest | status``. The only place besides config that reads the environment.
+
+Exit codes: 0 done, 1 fatal error, 2 bad configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from types import FrameType
+
+from kafka2delta import __version__, faults
+from kafka2delta.config import Config, load_config
+from kafka2delta.dead_letters import LoggingDeadLetterSink
+from kafka2delta.errors import ConfigError, FatalError, Kafka2DeltaError, RetryableError
+from kafka2delta.kafka import KafkaSource, high_watermarks, topic_partitions
+from kafka2delta.metrics import Metrics
+from kafka2delta.offsets import txn_app_id
+from kafka2delta.pipeline import Pipeline
+from kafka2delta.runner import Ingestor
+from kafka2delta.schema import parse_schema
+from kafka2delta.serialization import JsonDeserializer
+from kafka2delta.writer import DeltaWriter
+
+logger = logging.getLogger("kafka2delta")
+
+EXIT_OK, EXIT_FATAL, EXIT_CONFIG = 0, 1, 2
+
+
+class _RedactSecrets(logging.Filter):
+    """Replace every configured secret value in every log record."""
+
+    def __init__(self, secrets: Sequence[str]) -> None:
+        super().__init__()
+        self._secrets = [s for s in secrets if len(s) >= 3]
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self._secrets:
+            message = record.getMessage()
+            for secret in self._secrets:
+                message = message.replace(secret, "***")
+            record.msg, record.args = message, None
+        return True
+
+
+def _setup_logging(level: str, secrets: Sequence[str] = ()) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.addFilter(_RedactSecrets(secrets))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kafka2delta", description="Stream a Kafka topic into a Delta table exactly once."
+    )
+    parser.add_argument("--version", action="version", version=f"kafka2delta {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+    ingest = commands.add_parser("ingest", help="run the ingest daemon")
+    ingest.add_argument("-c", "--config", help="TOML config file (K2D_* environment variables override it)")
+    ingest.add_argument(
+        "--until-caught-up",
+        action="store_true",
+        help="stop once every assigned partition reaches the high watermark seen at start, everything committed",
+    )
+    status = commands.add_parser("status", help="per partition: committed offset in the table, high watermark, lag")
+    status.add_argument("-c", "--config", help="TOML config file (K2D_* environment variables override it)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"kafka2delta: config error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    _setup_logging(config.logging.level, config.secret_values())
+    try:
+        if args.command == "ingest":
+            return _ingest(config, args.until_caught_up)
+        return _status(config)
+    except ConfigError as exc:
+        logger.error("config error: %s", exc)
+        return EXIT_CONFIG
+    except (FatalError, RetryableError) as exc:
+        logger.error("fatal: %s", exc)
+        return EXIT_FATAL
+    except Kafka2DeltaError as exc:
+        logger.error("fatal: %s", exc)
+        return EXIT_FATAL
+
+
+def _open_writer(config: Config, create: bool) -> DeltaWriter:
+    schema = parse_schema(config.table.schema) if config.table.schema and create else None
+    return DeltaWriter.open(
+        config.table.uri,
+        config.table.storage_options,
+        config.app_id,
+        config.ingest.compression,
+        config.table.checkpoint_interval,
+        schema,
+        config.table.partition_by,
+    )
+
+
+def _ingest(config: Config, until_caught_up: bool) -> int:
+    fault = os.environ.get("K2D_FAULT_INJECT")
+    if fault:
+        faults.arm(fault)
+    logger.info("kafka2delta %s starting: %s", __version__, config.masked())
+    writer = _open_writer(config, create=True)
+    metrics = Metrics()
+    if config.metrics.port:
+        metrics.serve(config.metrics.host, config.metrics.port)
+    source = KafkaSource(config.kafka, partition_eof=until_caught_up)
+    pipeline = Pipeline(JsonDeserializer(writer.schema), writer.schema)
+    ingestor = Ingestor(config, source, writer, pipeline, LoggingDeadLetterSink(), metrics)
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        logger.info("received %s: flushing, committing and stopping", signal.Signals(signum).name)
+        ingestor.request_stop()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    ingestor.run(until_caught_up=until_caught_up)
+    return EXIT_OK
+
+
+def _status(config: Config) -> int:
+    writer = _open_writer(config, create=False)
+    partitions = topic_partitions(config.kafka.bootstrap_servers, config.kafka.topic, config.kafka.settings)
+    committed = writer.committed_offsets(partitions)
+    last_commit: dict[int, str] = {}
+    for entry in writer.history(1000):
+        info = entry.get("kafka2delta")
+        if not isinstance(info, dict) or info.get("app_id") != config.app_id:
+            continue
+        when = dt.datetime.fromtimestamp(entry["timestamp"] / 1000, dt.UTC).isoformat(timespec="seconds")
+        for partition in info.get("offsets", {}):
+            last_commit.setdefault(int(partition), f"{when} (v{entry['version']})")
+    watermarks = high_watermarks(config.kafka.bootstrap_servers, config.kafka.topic, partitions, config.kafka.settings)
+    print(f"table {config.table.uri} version {writer.version}, topic {config.kafka.topic}, app id {config.app_id}")
+    print(f"{'partition':>9} {'txn app id':<24} {'committed':>12} {'high wm':>12} {'lag':>10}  last commit")
+    for partition in partitions:
+        done = committed[partition]
+        high = watermarks[partition]
+        lag = high - (done + 1 if done is not None else 0)
+        print(
+            f"{partition:>9} {txn_app_id(config.app_id, partition):<24} {'-' if done is None else done:>12} "
+            f"{high:>12} {lag:>10}  {last_commit.get(partition, '-')}"
+        )
+    return EXIT_OK

@@ -1,0 +1,365 @@
+"""Typed configuration: TOML file, overridden by ``K2D_<SECTION>__<KEY>`` environment variables.
+
+Only this module and the CLI read files or the environment. Every other module receives a
+frozen :class:`Config`. Validation happens once, at start, and a bad value raises
+:class:`~kafka2delta.errors.ConfigError` naming the key (``ingest.allowed_latency_s``) and,
+for an environment override, the variable it came from.
+
+Environment keys: ``K2D_KAFKA__TOPIC=events`` sets ``kafka.topic``. Mappings take one more level:
+``K2D_KAFKA__SETTINGS__SASL_PASSWORD=…`` sets the librdkafka key ``sasl.password`` (underscores
+become dots, as librdkafka keys never hold underscores), ``K2D_TABLE__STORAGE_OPTIONS__AWS_REGION=…``
+sets the storage option ``AWS_REGION`` as written, ``K2D_TABLE__SCHEMA`` takes a JSON object.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from kafka2delta.errors import ConfigError
+from kafka2delta.schema import parse_schema
+
+ENV_PREFIX = "K2D_"
+MASK = "***"
+# A key holding one of these words, or a part named "key"/"pem", carries a secret.
+_SECRET_WORDS = ("password", "secret", "token", "credential")
+_SECRET_PARTS = frozenset({"key", "pem"})
+
+
+def is_secret_key(key: str) -> bool:
+    """``sasl.password``, ``ssl.key.pem``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_ACCESS_KEY_ID`` … are secrets."""
+    lowered = key.lower()
+    parts = set(re.split(r"[._]", lowered))
+    return any(word in lowered for word in _SECRET_WORDS) or bool(parts & _SECRET_PARTS)
+
+
+@dataclass(frozen=True)
+class KafkaConfig:
+    """``[kafka]``: where messages come from."""
+
+    bootstrap_servers: str
+    """Comma-separated ``host:port`` list. Required."""
+    topic: str
+    """The topic to ingest. Required."""
+    group_id: str = "kafka2delta"
+    """Consumer group; several daemons in one group share the topic's partitions."""
+    auto_offset_reset: Literal["earliest", "latest"] = "earliest"
+    """Where a partition starts when the table holds no offset for it yet."""
+    missing_offset_policy: Literal["fail", "earliest", "latest"] = "fail"
+    """What to do when the offset after the table's committed one is no longer on the broker
+    (deleted by retention): stop with an error, or jump to the earliest/latest offset (logged and counted)."""
+    consume_batch_size: int = 10_000
+    """Messages asked for in one consume call."""
+    consume_timeout_s: float = 0.2
+    """Longest wait of one consume call, seconds."""
+    settings: Mapping[str, str] = field(default_factory=dict)
+    """librdkafka settings passed as they are (SASL, TLS, fetch sizes …)."""
+
+
+@dataclass(frozen=True)
+class TableConfig:
+    """``[table]``: where rows go."""
+
+    uri: str
+    """Table location: a local path or an object-store URI. Required."""
+    app_id: str = ""
+    """Prefix of the Delta ``txn`` app ids (``<app_id>-<partition>``); default: the topic name."""
+    schema: Mapping[str, str] = field(default_factory=dict)
+    """Columns and types used to create the table when it does not exist (see ``schema.py``)."""
+    partition_by: tuple[str, ...] = ()
+    """Partition columns used when the table is created."""
+    storage_options: Mapping[str, str] = field(default_factory=dict)
+    """Object-store options passed to deltalake (``AWS_ENDPOINT_URL`` …)."""
+    checkpoint_interval: int = 10
+    """Write a Delta checkpoint every this many commits of this daemon."""
+
+
+@dataclass(frozen=True)
+class IngestConfig:
+    """``[ingest]``: when buffered messages become a commit."""
+
+    allowed_latency_s: float = 5.0
+    """Longest time a message waits in the buffer before it is committed, seconds."""
+    max_messages_per_file: int = 1_000_000
+    """Flush when one partition has buffered this many messages."""
+    min_bytes_per_file: int = 64 * 1024 * 1024
+    """Flush when one partition has buffered this many bytes (Arrow, uncompressed)."""
+    max_buffered_bytes: int = 256 * 1024 * 1024
+    """Flush when all partitions together have buffered this many bytes."""
+    compression: Literal["snappy", "zstd"] = "snappy"
+    """Parquet compression."""
+    progress_interval_s: float = 10.0
+    """How often a progress line (messages/s, commits, lag) is logged, seconds."""
+    max_commit_retries: int = 10
+    """Retries of a failed storage operation before the daemon gives up (backoff doubles, 30 s at most)."""
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    """``[metrics]``: Prometheus endpoint."""
+
+    port: int = 0
+    """Port of the ``/metrics`` HTTP endpoint on ``host``; 0 turns it off."""
+    host: str = "127.0.0.1"
+    """Address the metrics endpoint listens on."""
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    """``[logging]``."""
+
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    """Log level."""
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole configuration, one section per TOML table."""
+
+    kafka: KafkaConfig
+    table: TableConfig
+    ingest: IngestConfig = field(default_factory=IngestConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+    @property
+    def app_id(self) -> str:
+        return self.table.app_id or self.kafka.topic
+
+    def secret_values(self) -> list[str]:
+        """Every secret value in the config, for log redaction."""
+        secrets = [v for k, v in self.kafka.settings.items() if is_secret_key(k) and v]
+        secrets += [v for k, v in self.table.storage_options.items() if is_secret_key(k) and v]
+        return secrets
+
+    def masked(self) -> dict[str, Any]:
+        """The config as a dict with every secret replaced by ``***``: safe to print."""
+
+        def mask(mapping: Mapping[str, str]) -> dict[str, str]:
+            return {k: (MASK if is_secret_key(k) else v) for k, v in mapping.items()}
+
+        data = dataclasses.asdict(self)
+        data["kafka"]["settings"] = mask(self.kafka.settings)
+        data["table"]["storage_options"] = mask(self.table.storage_options)
+        return data
+
+
+# --- loading -------------------------------------------------------------------------------
+
+_SECTIONS: dict[str, type[Any]] = {
+    "kafka": KafkaConfig,
+    "table": TableConfig,
+    "ingest": IngestConfig,
+    "metrics": MetricsConfig,
+    "logging": LoggingConfig,
+}
+_TYPE_HINTS = {name: typing.get_type_hints(cls) for name, cls in _SECTIONS.items()}
+
+
+def load_config(path: str | Path | None, environ: Mapping[str, str] | None = None) -> Config:
+    """Read ``path`` (optional), apply ``K2D_`` overrides from ``environ``, validate, return."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        try:
+            with open(path, "rb") as handle:
+                raw = tomllib.load(handle)
+        except FileNotFoundError as exc:
+            raise ConfigError("--config", f"file not found: {path}") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError("--config", f"{path} is not valid TOML: {exc}") from exc
+    sources: dict[str, str] = {}
+    _apply_environment(raw, os.environ if environ is None else environ, sources)
+    return _build(raw, sources)
+
+
+def _apply_environment(raw: dict[str, Any], environ: Mapping[str, str], sources: dict[str, str]) -> None:
+    for variable in sorted(environ):
+        if not variable.startswith(ENV_PREFIX) or "__" not in variable:
+            continue
+        parts = variable[len(ENV_PREFIX) :].lower().split("__")
+        section, key = parts[0], parts[1]
+        if section not in _SECTIONS:
+            continue  # K2D_TEST_* and friends are not config
+        value: Any = environ[variable]
+        dotted = f"{section}.{key}"
+        if len(parts) == 3 and key in ("settings", "storage_options"):
+            sub = parts[2].replace("_", ".") if key == "settings" else variable.split("__", 2)[2]
+            raw.setdefault(section, {}).setdefault(key, {})[sub] = value
+            sources[f"{dotted}.{sub}"] = variable
+            continue
+        if len(parts) != 2:
+            raise ConfigError(variable, "expected K2D_<SECTION>__<KEY> (or __<SUBKEY> for settings/storage_options)")
+        if key == "schema":
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"{dotted} (from {variable})", f"expected a JSON object: {exc}") from exc
+        raw.setdefault(section, {})[key] = value
+        sources[dotted] = variable
+
+
+def _build(raw: dict[str, Any], sources: dict[str, str]) -> Config:
+    for section in raw:
+        if section not in _SECTIONS:
+            raise ConfigError(section, f"unknown section (known: {', '.join(_SECTIONS)})")
+    built: dict[str, Any] = {}
+    for section, cls in _SECTIONS.items():
+        values = raw.get(section, {})
+        if not isinstance(values, dict):
+            raise ConfigError(section, "expected a table")
+        built[section] = _build_section(section, cls, values, sources)
+    config = Config(**built)
+    _validate(config)
+    return config
+
+
+def _build_section(section: str, cls: type[Any], values: dict[str, Any], sources: dict[str, str]) -> Any:
+    hints = _TYPE_HINTS[section]
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for key in values:
+        if key not in fields:
+            raise ConfigError(f"{section}.{key}", f"unknown key (known keys: {', '.join(fields)})")
+    kwargs: dict[str, Any] = {}
+    for name, spec in fields.items():
+        dotted = f"{section}.{name}"
+        if name not in values:
+            if spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING:
+                raise ConfigError(dotted, f"required key missing (expected {_describe(hints[name])})")
+            continue
+        where = f"{dotted} (from {sources[dotted]})" if dotted in sources else dotted
+        kwargs[name] = _convert(where, hints[name], values[name], secret=False)
+    return cls(**kwargs)
+
+
+def _describe(hint: Any) -> str:
+    origin = typing.get_origin(hint)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(v) for v in typing.get_args(hint))
+    if hint is bool:
+        return "true or false"
+    if hint is int:
+        return "an integer"
+    if hint is float:
+        return "a number"
+    if hint is str:
+        return "a string"
+    if origin is tuple:
+        return "a list of strings"
+    return "a table of string values"
+
+
+def _convert(where: str, hint: Any, value: Any, *, secret: bool) -> Any:
+    """Convert a TOML value (or an environment string) to ``hint``; raise naming ``where``."""
+    shown = MASK if secret else repr(value)
+    problem = f"expected {_describe(hint)}, got {shown}"
+    origin = typing.get_origin(hint)
+    if origin is Literal:
+        if value not in typing.get_args(hint):
+            raise ConfigError(where, problem)
+        return value
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+            return value.lower() in ("true", "1", "yes")
+        raise ConfigError(where, problem)
+    if hint is int:
+        if isinstance(value, bool):
+            raise ConfigError(where, problem)
+        if isinstance(value, int):
+            return value
+        if isinstance(value, str):
+            try:
+                return int(value.replace("_", ""))
+            except ValueError:
+                pass
+        raise ConfigError(where, problem)
+    if hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(where, problem)
+    if hint is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(where, problem)
+    if origin is tuple:
+        if isinstance(value, str):
+            value = [item.strip() for item in value.split(",") if item.strip()]
+        if isinstance(value, list) and all(isinstance(item, str) for item in value):
+            return tuple(value)
+        raise ConfigError(where, problem)
+    if origin in (Mapping, dict) or hint is Mapping or isinstance(hint, types.GenericAlias):
+        if not isinstance(value, dict):
+            raise ConfigError(where, problem)
+        converted = {}
+        for key, item in value.items():
+            if isinstance(item, bool):
+                item = "true" if item else "false"
+            elif isinstance(item, (int, float)):
+                item = str(item)
+            if not isinstance(item, str):
+                raise ConfigError(
+                    f"{where}.{key}", f"expected a string, got {MASK if is_secret_key(key) else repr(item)}"
+                )
+            converted[str(key)] = item
+        return converted
+    raise ConfigError(where, f"unsupported type {hint!r}")  # pragma: no cover - a bug in this module
+
+
+def _validate(config: Config) -> None:
+    """Checks across keys and value ranges, each naming its key."""
+    positive_ints = {
+        "kafka.consume_batch_size": config.kafka.consume_batch_size,
+        "table.checkpoint_interval": config.table.checkpoint_interval,
+        "ingest.max_messages_per_file": config.ingest.max_messages_per_file,
+        "ingest.min_bytes_per_file": config.ingest.min_bytes_per_file,
+        "ingest.max_buffered_bytes": config.ingest.max_buffered_bytes,
+    }
+    for key, value in positive_ints.items():
+        if value <= 0:
+            raise ConfigError(key, f"expected a positive integer, got {value}")
+    positive_floats = {
+        "kafka.consume_timeout_s": config.kafka.consume_timeout_s,
+        "ingest.allowed_latency_s": config.ingest.allowed_latency_s,
+        "ingest.progress_interval_s": config.ingest.progress_interval_s,
+    }
+    for key, seconds in positive_floats.items():
+        if seconds <= 0:
+            raise ConfigError(key, f"expected a positive number of seconds, got {seconds}")
+    if config.ingest.max_commit_retries < 0:
+        raise ConfigError("ingest.max_commit_retries", "expected 0 or more")
+    if not 0 <= config.metrics.port <= 65535:
+        raise ConfigError("metrics.port", f"expected a port 0..65535, got {config.metrics.port}")
+    for key, text in (
+        ("kafka.bootstrap_servers", config.kafka.bootstrap_servers),
+        ("kafka.topic", config.kafka.topic),
+        ("table.uri", config.table.uri),
+    ):
+        if not text.strip():
+            raise ConfigError(key, "must not be empty")
+    reserved = {"group.id", "enable.auto.commit", "enable.auto.offset.store", "bootstrap.servers"}
+    for key in config.kafka.settings:
+        if key in reserved:
+            raise ConfigError(f"kafka.settings.{key}", "is set by kafka2delta itself; use the [kafka] keys instead")
+    if config.table.schema:
+        try:
+            schema = parse_schema(config.table.schema)
+        except ValueError as exc:
+            raise ConfigError("table.schema", str(exc)) from exc
+        for column in config.table.partition_by:
+            if column not in schema.names:
+                raise ConfigError("table.partition_by", f"column {column!r} is not in table.schema")

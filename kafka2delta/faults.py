@@ -1,0 +1,42 @@
+"""Fault injection for crash tests: SIGKILL this process at a named step.
+
+Off by default. The CLI arms it from ``K2D_FAULT_INJECT=<point>[:<nth hit>]``; when it is not
+armed a :func:`point` call is one comparison. Points: ``after_parquet_write``,
+``after_dead_letter_commit``, ``after_delta_commit``, ``after_kafka_commit``, ``in_revoke``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+
+logger = logging.getLogger(__name__)
+
+POINTS = frozenset(
+    {"after_parquet_write", "after_dead_letter_commit", "after_delta_commit", "after_kafka_commit", "in_revoke"}
+)
+_armed: str | None = None
+_remaining_hits = 0
+
+
+def arm(spec: str) -> None:
+    """Arm ``point[:n]``: kill the process at the n-th time (default first) the point is reached."""
+    global _armed, _remaining_hits
+    name, _, count = spec.partition(":")
+    if name not in POINTS:
+        raise ValueError(f"unknown fault point {name!r} (known: {', '.join(sorted(POINTS))})")
+    _armed, _remaining_hits = name, int(count or 1)
+    logger.warning("fault injection armed: SIGKILL at hit %d of %s", _remaining_hits, name)
+
+
+def point(name: str) -> None:
+    global _remaining_hits
+    if _armed != name:
+        return
+    _remaining_hits -= 1
+    if _remaining_hits <= 0:
+        logger.critical("fault injection: SIGKILL at %s", name)
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        os.kill(os.getpid(), signal.SIGKILL)

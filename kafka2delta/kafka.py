@@ -1,0 +1,233 @@
+"""The Kafka edge: a thin wrapper over confluent-kafka's Consumer.
+
+The start offset of every partition is set inside the assignment itself (never fetch, then seek):
+the rebalance callbacks ask a :class:`RebalanceListener` where each partition starts, and
+assign with those offsets. confluent-kafka's exceptions are caught here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    OFFSET_END,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
+
+from kafka2delta.batches import PartitionMessages
+from kafka2delta.config import KafkaConfig
+from kafka2delta.errors import FatalError, RetryableError
+from kafka2delta.offsets import LogicalOffset
+
+logger = logging.getLogger(__name__)
+
+_DEFAULT_SETTINGS = {
+    "partition.assignment.strategy": "cooperative-sticky",
+    # Bound what librdkafka prefetches so memory stays flat however far behind we are.
+    "queued.max.messages.kbytes": "65536",
+    "fetch.max.bytes": "52428800",
+}
+
+
+class RebalanceListener(Protocol):
+    def assigned(self, partitions: list[int]) -> dict[int, int | LogicalOffset]:
+        """Partitions given to us; return where each starts."""
+        ...
+
+    def revoked(self, partitions: list[int]) -> None:
+        """Partitions taken from us in an orderly way: commit what is buffered for them now."""
+        ...
+
+    def lost(self, partitions: list[int]) -> None:
+        """Partitions taken from us without notice: another owner may already commit them."""
+        ...
+
+
+@dataclass
+class ConsumedBatch:
+    """One consume call: messages grouped by partition, plus end-of-partition and range events."""
+
+    partitions: dict[int, PartitionMessages] = field(default_factory=dict)
+    end_offsets: dict[int, int] = field(default_factory=dict)
+    out_of_range: list[int] = field(default_factory=list)
+    count: int = 0
+
+
+class KafkaSource:
+    def __init__(self, config: KafkaConfig, *, partition_eof: bool = False) -> None:
+        self._config = config
+        self.topic = config.topic
+        settings: dict[str, Any] = {**_DEFAULT_SETTINGS, **config.settings}
+        self._cooperative = "cooperative" in str(settings["partition.assignment.strategy"])
+        settings.update(
+            {
+                "bootstrap.servers": config.bootstrap_servers,
+                "group.id": config.group_id,
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                # A vanished offset must surface as an event we handle by policy, never a silent reset.
+                "auto.offset.reset": "error",
+                "enable.partition.eof": partition_eof,
+                "error_cb": self._on_error,
+                "on_commit": self._on_commit,
+                "logger": logging.getLogger("kafka2delta.librdkafka"),
+            }
+        )
+        self._settings = settings
+        self._consumer: Consumer | None = None  # created in start(): no network in __init__
+
+    @property
+    def consumer(self) -> Consumer:
+        if self._consumer is None:
+            raise RuntimeError("KafkaSource.start() was not called")
+        return self._consumer
+
+    def start(self, listener: RebalanceListener) -> None:
+        try:
+            self._consumer = Consumer(self._settings)
+            metadata = self._consumer.list_topics(self.topic, timeout=30)
+        except KafkaException as exc:
+            raise RetryableError(f"cannot reach Kafka at {self._config.bootstrap_servers}: {exc}") from exc
+        topic = metadata.topics.get(self.topic)
+        if topic is None or topic.error is not None:
+            raise FatalError(
+                f"kafka.topic: topic {self.topic!r} does not exist ({topic.error if topic else 'no metadata'})"
+            )
+
+        def on_assign(consumer: Consumer, partitions: list[TopicPartition]) -> None:
+            starts = listener.assigned([tp.partition for tp in partitions])
+            positioned = [TopicPartition(self.topic, p, _to_kafka_offset(o)) for p, o in starts.items()]
+            if self._cooperative:
+                consumer.incremental_assign(positioned)
+            else:
+                consumer.assign(positioned)
+
+        def on_revoke(consumer: Consumer, partitions: list[TopicPartition]) -> None:
+            listener.revoked([tp.partition for tp in partitions])
+
+        def on_lost(consumer: Consumer, partitions: list[TopicPartition]) -> None:
+            listener.lost([tp.partition for tp in partitions])
+
+        self._consumer.subscribe([self.topic], on_assign=on_assign, on_revoke=on_revoke, on_lost=on_lost)
+
+    def consume(self, max_messages: int, timeout: float) -> ConsumedBatch:
+        try:
+            messages: list[Message] = self.consumer.consume(num_messages=max_messages, timeout=timeout)
+        except KafkaException as exc:
+            raise RetryableError(f"consume failed: {exc}") from exc
+        batch = ConsumedBatch()
+        for message in messages:
+            error = message.error()
+            if error is not None:
+                self._consume_error(error, message, batch)
+                continue
+            partition, offset = message.partition(), message.offset()
+            assert partition is not None and offset is not None  # set on every non-error message
+            group = batch.partitions.get(partition)
+            if group is None:
+                group = batch.partitions[partition] = PartitionMessages(self.topic, partition, [], [], [])
+            group.offsets.append(offset)
+            group.payloads.append(message.value())
+            group.timestamps_ms.append(message.timestamp()[1])
+            batch.count += 1
+        return batch
+
+    def _consume_error(self, error: KafkaError, message: Message, batch: ConsumedBatch) -> None:
+        code, partition, offset = error.code(), message.partition(), message.offset()
+        if code == KafkaError._PARTITION_EOF and partition is not None and offset is not None:
+            batch.end_offsets[partition] = offset
+        elif code in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE) and partition is not None:
+            batch.out_of_range.append(partition)
+        elif error.fatal():
+            raise FatalError(f"fatal Kafka error: {error.str()}")
+        else:
+            logger.warning("Kafka error on %s[%s]: %s", message.topic(), message.partition(), error.str())
+
+    def seek(self, partition: int, start: int | LogicalOffset) -> None:
+        try:
+            self.consumer.seek(TopicPartition(self.topic, partition, _to_kafka_offset(start)))
+        except KafkaException as exc:
+            # Not assigned any more (a rebalance in between): the next owner starts from the log.
+            logger.info("seek of %s[%d] to %s skipped: %s", self.topic, partition, start, exc)
+
+    def commit_group_offsets(self, next_offsets: Mapping[int, int]) -> None:
+        """Record progress in Kafka for lag tools only; recovery never reads it."""
+        offsets = [TopicPartition(self.topic, p, o) for p, o in next_offsets.items()]
+        try:
+            self.consumer.commit(offsets=offsets, asynchronous=True)
+        except KafkaException as exc:
+            logger.info("group offset commit skipped: %s", exc)
+
+    def watermarks(self, partition: int, cached: bool = False) -> tuple[int, int]:
+        try:
+            low, high = self.consumer.get_watermark_offsets(
+                TopicPartition(self.topic, partition), timeout=10, cached=cached
+            )
+        except KafkaException as exc:
+            raise RetryableError(f"watermarks of {self.topic}[{partition}]: {exc}") from exc
+        return int(low), int(high)
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
+
+    @staticmethod
+    def _on_error(error: KafkaError) -> None:
+        if error.fatal():
+            logger.error("fatal Kafka client error: %s", error.str())
+        else:
+            logger.warning("Kafka client error (librdkafka retries): %s", error.str())
+
+    @staticmethod
+    def _on_commit(error: KafkaError | None, partitions: list[TopicPartition]) -> None:
+        if error is not None:
+            logger.info("group offset commit failed (lag tools only, recovery unaffected): %s", error.str())
+
+
+def _to_kafka_offset(offset: int | LogicalOffset) -> int:
+    if offset is LogicalOffset.EARLIEST:
+        return int(OFFSET_BEGINNING)
+    if offset is LogicalOffset.LATEST:
+        return int(OFFSET_END)
+    assert isinstance(offset, int)
+    return offset
+
+
+def _probe_consumer(bootstrap_servers: str, settings: Mapping[str, str]) -> Consumer:
+    # A consumer that never subscribes: it reads metadata and watermarks without joining a group.
+    return Consumer({**settings, "bootstrap.servers": bootstrap_servers, "group.id": "kafka2delta-probe"})
+
+
+def topic_partitions(bootstrap_servers: str, topic: str, settings: Mapping[str, str]) -> list[int]:
+    """The partitions of ``topic``, read from the broker's metadata."""
+    consumer = _probe_consumer(bootstrap_servers, settings)
+    try:
+        info = consumer.list_topics(topic, timeout=30).topics.get(topic)
+        if info is None or info.error is not None:
+            raise FatalError(f"kafka.topic: topic {topic!r} does not exist")
+        return sorted(info.partitions)
+    except KafkaException as exc:
+        raise RetryableError(f"cannot reach Kafka at {bootstrap_servers}: {exc}") from exc
+    finally:
+        consumer.close()
+
+
+def high_watermarks(
+    bootstrap_servers: str, topic: str, partitions: list[int], settings: Mapping[str, str]
+) -> dict[int, int]:
+    consumer = _probe_consumer(bootstrap_servers, settings)
+    try:
+        return {p: int(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]) for p in partitions}
+    except KafkaException as exc:
+        raise RetryableError(f"watermarks of {topic}: {exc}") from exc
+    finally:
+        consumer.close()

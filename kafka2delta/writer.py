@@ -1,0 +1,321 @@
+"""The Delta edge: Parquet files and ONE commit holding the files and the new txn offsets.
+
+Files are named ``<topic>-<partition>-<first offset>-<last offset>-<uuid>.<codec>.parquet`` and each
+commit's ``commitInfo`` carries ``kafka2delta: {app_id, topic, offsets: {partition: [first, last]}}``,
+so every row traces back to Kafka. deltalake's exceptions are caught here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote, urlparse
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pa_fs
+import pyarrow.parquet as pq
+from deltalake import CommitProperties, DeltaTable, Transaction
+from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
+from deltalake.transaction import AddAction, RemoveAction
+
+from kafka2delta.errors import CommitConflict, ConfigError, FatalError, RetryableError
+from kafka2delta.offsets import CommitOutcome, classify_commit, txn_app_id
+
+logger = logging.getLogger(__name__)
+
+_HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
+_STATS_STRING_PREFIX = 32
+_PATH_SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.:@ ")
+
+
+@dataclass(frozen=True)
+class OffsetRange:
+    first: int
+    last: int
+
+
+def _partition_value(value: Any) -> str | None:
+    """A partition value as the Delta protocol serialises it."""
+    if value is None:
+        return None
+    if isinstance(value, dt.datetime):
+        return value.strftime("%Y-%m-%d %H:%M:%S.%f")
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _escape_path_name(value: str) -> str:
+    """Hive-style escaping of a partition directory name (what Spark writes on disk)."""
+    return "".join(c if c in _PATH_SAFE and c != " " else f"%{ord(c):02X}" for c in value)
+
+
+def _json_stat(value: Any) -> Any:
+    """A statistics value as Delta writes it: timestamps in milliseconds, ISO 8601."""
+    if isinstance(value, dt.datetime):
+        if value.tzinfo is not None:
+            return value.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+        return value.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3]
+    if isinstance(value, dt.date):
+        return value.isoformat()
+    return value
+
+
+def file_stats(table: pa.Table) -> str:
+    """Delta file statistics (numRecords, min/max, nullCount) for the top-level primitive columns."""
+    min_values: dict[str, Any] = {}
+    max_values: dict[str, Any] = {}
+    null_count: dict[str, int] = {}
+    for name, column in zip(table.column_names, table.columns, strict=True):
+        kind = column.type
+        if pa.types.is_nested(kind):
+            continue
+        null_count[name] = column.null_count
+        if column.null_count == len(column) or not (
+            pa.types.is_integer(kind)
+            or pa.types.is_floating(kind)
+            or pa.types.is_string(kind)
+            or pa.types.is_date(kind)
+            or pa.types.is_timestamp(kind)
+        ):
+            continue
+        extremes = pc.min_max(column)
+        low, high = extremes["min"].as_py(), extremes["max"].as_py()
+        if pa.types.is_timestamp(kind):
+            # Stats are written in milliseconds: round the bounds outwards so they stay bounds.
+            high = high + dt.timedelta(milliseconds=1) if high.microsecond % 1000 else high
+        if pa.types.is_floating(kind) and (low != low or high != high):
+            continue  # NaN has no JSON form
+        if isinstance(low, str):
+            low = low[:_STATS_STRING_PREFIX]  # a prefix is still a lower bound
+            if len(high) > _STATS_STRING_PREFIX:
+                high = None  # a truncated maximum would not be an upper bound
+        min_values[name] = _json_stat(low)
+        if high is not None:
+            max_values[name] = _json_stat(high)
+    return json.dumps(
+        {"numRecords": table.num_rows, "minValues": min_values, "maxValues": max_values, "nullCount": null_count}
+    )
+
+
+def _filesystem(uri: str, storage_options: Mapping[str, str]) -> tuple[pa_fs.FileSystem, str]:
+    parsed = urlparse(uri)
+    if parsed.scheme in ("", "file"):
+        return pa_fs.LocalFileSystem(), parsed.path if parsed.scheme else uri
+    if parsed.scheme in ("s3", "s3a"):
+        options = {k.upper(): v for k, v in storage_options.items()}
+        endpoint = options.get("AWS_ENDPOINT_URL") or options.get("AWS_ENDPOINT")
+        scheme = None
+        if endpoint:
+            endpoint_parsed = urlparse(endpoint)
+            scheme = endpoint_parsed.scheme or None
+            endpoint = endpoint_parsed.netloc or endpoint
+        filesystem = pa_fs.S3FileSystem(
+            access_key=options.get("AWS_ACCESS_KEY_ID"),
+            secret_key=options.get("AWS_SECRET_ACCESS_KEY"),
+            region=options.get("AWS_REGION"),
+            endpoint_override=endpoint,
+            scheme=scheme or "https",
+        )
+        return filesystem, parsed.netloc + parsed.path
+    raise ConfigError("table.uri", f"unsupported scheme {parsed.scheme!r} (local paths and s3:// are supported)")
+
+
+class DeltaWriter:
+    """One handle on the table; every read of txn versions and every commit goes through it."""
+
+    def __init__(
+        self,
+        table: DeltaTable,
+        uri: str,
+        storage_options: Mapping[str, str],
+        app_id: str,
+        compression: str,
+        checkpoint_interval: int,
+    ) -> None:
+        self._table = table
+        self._uri = uri
+        self._app_id = app_id
+        self._compression = compression
+        self._checkpoint_interval = checkpoint_interval
+        self._filesystem, self._root = _filesystem(uri, storage_options)
+        self.schema: pa.Schema = pa.schema(table.schema().to_arrow())
+        self.partition_by: list[str] = list(table.metadata().partition_columns)
+        self._data_schema = pa.schema([f for f in self.schema if f.name not in self.partition_by])
+        retention = table.metadata().configuration.get("delta.setTransactionRetentionDuration")
+        if retention:
+            logger.warning(
+                "table %s sets delta.setTransactionRetentionDuration=%s: the txn of a partition idle for longer "
+                "expires and that partition would restart from kafka.auto_offset_reset",
+                uri,
+                retention,
+            )
+
+    @classmethod
+    def open(
+        cls,
+        uri: str,
+        storage_options: Mapping[str, str],
+        app_id: str,
+        compression: str,
+        checkpoint_interval: int,
+        create_schema: pa.Schema | None,
+        partition_by: Iterable[str] = (),
+    ) -> DeltaWriter:
+        """Open the table, creating it from ``create_schema`` when it does not exist."""
+        options = dict(storage_options)
+        try:
+            table = DeltaTable(uri, storage_options=options)
+        except TableNotFoundError as exc:
+            if create_schema is None:
+                raise ConfigError(
+                    "table.schema", f"table {uri} does not exist and no schema is configured to create it"
+                ) from exc
+            try:
+                table = DeltaTable.create(
+                    uri, create_schema, mode="ignore", partition_by=list(partition_by) or None, storage_options=options
+                )
+            except DeltaError as create_exc:
+                raise RetryableError(f"creating table {uri}: {create_exc}") from create_exc
+            logger.info("created table %s (partitioned by %s)", uri, list(partition_by) or "nothing")
+        except (DeltaError, OSError) as exc:
+            raise RetryableError(f"opening table {uri}: {exc}") from exc
+        return cls(table, uri, options, app_id, compression, checkpoint_interval)
+
+    @property
+    def version(self) -> int:
+        return self._table.version()
+
+    def committed_offsets(self, partitions: Iterable[int]) -> dict[int, int | None]:
+        """The txn versions of ``partitions`` in the newest table version."""
+        try:
+            self._table.update_incremental()
+            return {p: self._table.transaction_version(txn_app_id(self._app_id, p)) for p in partitions}
+        except (DeltaError, OSError) as exc:
+            raise RetryableError(f"reading txn versions from {self._uri}: {exc}") from exc
+
+    def write_files(self, topic: str, partition: int, offsets: OffsetRange, rows: pa.Table) -> list[AddAction]:
+        """Write the rows of one Kafka partition as Parquet (one file per table partition value)."""
+        actions = []
+        for values, part in self._split_by_partition(rows):
+            directory = "/".join(
+                f"{column}={_HIVE_NULL if value is None else _escape_path_name(value)}"
+                for column, value in values.items()
+            )
+            unique = uuid.uuid4().hex[:12]
+            name = f"{topic}-{partition}-{offsets.first}-{offsets.last}-{unique}.{self._compression}.parquet"
+            relative = f"{directory}/{name}" if directory else name
+            path = f"{self._root.rstrip('/')}/{relative}"
+            try:
+                if directory:
+                    self._filesystem.create_dir(path.rsplit("/", 1)[0], recursive=True)
+                pq.write_table(
+                    part,
+                    path,
+                    filesystem=self._filesystem,
+                    compression=self._compression,
+                    row_group_size=1_000_000,
+                    write_statistics=True,
+                )
+                size = self._filesystem.get_file_info(path).size
+            except OSError as exc:
+                raise RetryableError(f"writing {path}: {exc}") from exc
+            actions.append(
+                AddAction(quote(relative, safe="/=:@"), size, values, int(time.time() * 1000), True, file_stats(part))
+            )
+        return actions
+
+    def _split_by_partition(self, rows: pa.Table) -> list[tuple[dict[str, str | None], pa.Table]]:
+        if not self.partition_by:
+            return [({}, rows)]
+        keys = rows.select(self.partition_by).group_by(self.partition_by).aggregate([])
+        parts = []
+        for key in keys.to_pylist():
+            mask = None
+            for column, value in key.items():
+                match = (
+                    pc.is_null(rows[column])
+                    if value is None
+                    else pc.fill_null(pc.equal(rows[column], pa.scalar(value, rows.schema.field(column).type)), False)
+                )
+                mask = match if mask is None else pc.and_(mask, match)
+            parts.append(
+                ({c: _partition_value(v) for c, v in key.items()}, rows.filter(mask).select(self._data_schema.names))
+            )
+        return parts
+
+    def commit(
+        self,
+        actions: list[AddAction | RemoveAction],
+        expected: dict[int, int | None],
+        ranges: dict[int, OffsetRange],
+        metadata: dict[str, Any],
+    ) -> int:
+        """Commit ``actions`` with a txn per partition of ``ranges``, atomically. Returns the new version.
+
+        ``expected`` holds the txn versions the batch started from; they are checked on the very
+        snapshot the commit is made from, and delta-rs fails a concurrent commit of the same txn
+        app id, so a zombie writer can never commit a range twice.
+        Raises :class:`CommitConflict` (partitions moved) or :class:`RetryableError` (nothing happened).
+        """
+        ours = {p: r.last for p, r in ranges.items()}
+        in_log = self.committed_offsets(ranges)
+        moved = {p: v for p, v in in_log.items() if v != expected[p]}
+        if moved:
+            raise CommitConflict(moved)
+        properties = CommitProperties(
+            custom_metadata={"kafka2delta": metadata},
+            app_transactions=[Transaction(txn_app_id(self._app_id, p), v) for p, v in ours.items()],
+            max_commit_retries=50,
+        )
+        try:
+            self._table.create_write_transaction(
+                actions, mode="append", schema=self._table.schema(), commit_properties=properties
+            )
+        except (DeltaError, OSError) as exc:
+            # A failed or ambiguous commit: the log, not the exception, says what happened.
+            conflict = isinstance(exc, CommitFailedError)
+            logger.warning("commit to %s failed (%s: %s); re-reading txn versions", self._uri, type(exc).__name__, exc)
+            try:
+                in_log = self.committed_offsets(ranges)
+            except RetryableError as read_exc:
+                raise RetryableError(f"commit failed ({exc}) and the log cannot be read ({read_exc})") from exc
+            outcome = classify_commit(expected, ours, in_log)
+            if all(o is CommitOutcome.COMMITTED for o in outcome.values()):
+                logger.info("the failed commit did land (txn versions are ours)")
+                return self._after_commit()
+            moved = {p: in_log[p] for p, o in outcome.items() if o is CommitOutcome.MOVED}
+            if moved:
+                raise CommitConflict(moved) from exc
+            if any(o is CommitOutcome.COMMITTED for o in outcome.values()):
+                raise FatalError(
+                    f"a commit landed for some partitions only: {outcome}; the Delta log is inconsistent"
+                ) from exc
+            raise RetryableError(f"{'conflicting' if conflict else 'failed'} commit to {self._uri}: {exc}") from exc
+        return self._after_commit()
+
+    def _after_commit(self) -> int:
+        self._table.update_incremental()
+        version = self._table.version()
+        if version % self._checkpoint_interval == 0:
+            try:
+                self._table.create_checkpoint()
+                logger.info("wrote checkpoint at version %d", version)
+            except (DeltaError, OSError) as exc:
+                # A missing checkpoint only slows log reads; the next interval tries again.
+                logger.warning("checkpoint at version %d failed: %s", version, exc)
+        return version
+
+    def history(self, limit: int) -> list[dict[str, Any]]:
+        try:
+            self._table.update_incremental()
+            return self._table.history(limit)
+        except (DeltaError, OSError) as exc:
+            raise RetryableError(f"reading history of {self._uri}: {exc}") from exc

@@ -1,0 +1,104 @@
+from pathlib import Path
+
+import pytest
+
+from kafka2delta.config import MASK, is_secret_key, load_config
+from kafka2delta.errors import ConfigError
+
+MINIMAL = """
+[kafka]
+bootstrap_servers = "127.0.0.1:9092"
+topic = "events"
+[table]
+uri = "/tmp/events"
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "config.toml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_and_app_id(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, MINIMAL), environ={})
+    assert config.kafka.group_id == "kafka2delta"
+    assert config.ingest.allowed_latency_s == 5.0
+    assert config.app_id == "events"
+
+
+def test_example_config_is_valid() -> None:
+    example = Path(__file__).parents[2] / "config.example.toml"
+    config = load_config(example, environ={})
+    assert config.table.schema["id"] == "string not null"
+
+
+def test_environment_overrides_file_and_needs_no_file() -> None:
+    env = {
+        "K2D_KAFKA__BOOTSTRAP_SERVERS": "b:9092",
+        "K2D_KAFKA__TOPIC": "t",
+        "K2D_TABLE__URI": "/data/t",
+        "K2D_INGEST__ALLOWED_LATENCY_S": "1.5",
+        "K2D_INGEST__MAX_MESSAGES_PER_FILE": "1_000",
+        "K2D_TABLE__PARTITION_BY": "date,country",
+        "K2D_TABLE__SCHEMA": '{"id": "string", "date": "date", "country": "string"}',
+        "K2D_KAFKA__SETTINGS__SASL_PASSWORD": "hunter22",
+        "K2D_TABLE__STORAGE_OPTIONS__AWS_REGION": "eu-west-1",
+        "K2D_TEST_BOOTSTRAP_SERVERS": "ignored: not a config key",
+    }
+    config = load_config(None, environ=env)
+    assert config.ingest.allowed_latency_s == 1.5
+    assert config.ingest.max_messages_per_file == 1000
+    assert config.table.partition_by == ("date", "country")
+    assert config.kafka.settings == {"sasl.password": "hunter22"}
+    assert config.table.storage_options == {"AWS_REGION": "eu-west-1"}
+    assert config.masked()["kafka"]["settings"]["sasl.password"] == MASK
+    assert "hunter22" in config.secret_values()
+
+
+@pytest.mark.parametrize(
+    ("text", "env", "key", "words"),
+    [
+        (MINIMAL + "[ingest]\nallowed_latency = 3\n", {}, "ingest.allowed_latency", "unknown key"),
+        (MINIMAL + "[ingest]\nmax_messages_per_file = 'many'\n", {}, "ingest.max_messages_per_file", "an integer"),
+        (MINIMAL.replace('topic = "events"', ""), {}, "kafka.topic", "required key missing"),
+        (MINIMAL + "[ingest]\ncompression = 'lz4'\n", {}, "ingest.compression", "'snappy', 'zstd'"),
+        (MINIMAL + "[ingest]\nallowed_latency_s = 0\n", {}, "ingest.allowed_latency_s", "positive"),
+        (MINIMAL + "[bogus]\nx = 1\n", {}, "bogus", "unknown section"),
+        (MINIMAL, {"K2D_INGEST__MIN_BYTES_PER_FILE": "lots"}, "K2D_INGEST__MIN_BYTES_PER_FILE", "an integer"),
+        (MINIMAL + "[table.schema]\nid = 'uuid'\n", {}, "table.schema", "unknown type"),
+        (MINIMAL + "[table.schema]\nid = 'string'\n[table]\n", {}, "--config", "not valid TOML"),
+        (MINIMAL + "[kafka.settings]\n'group.id' = 'x'\n", {}, "kafka.settings.group.id", "[kafka]"),
+    ],
+)
+def test_errors_name_the_key(tmp_path: Path, text: str, env: dict[str, str], key: str, words: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        load_config(write(tmp_path, text), environ=env)
+    assert key in str(raised.value)
+    assert words in str(raised.value)
+
+
+def test_secret_values_never_printed_in_errors(tmp_path: Path) -> None:
+    text = MINIMAL + "[kafka.settings]\n'sasl.password' = 12345678\n"
+    config = load_config(write(tmp_path, text), environ={})  # numbers become strings
+    assert config.kafka.settings["sasl.password"] == "12345678"
+    with pytest.raises(ConfigError) as raised:
+        load_config(write(tmp_path, MINIMAL + "[kafka.settings]\n'sasl.password' = ['s3cr3t']\n"), environ={})
+    assert "s3cr3t" not in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("key", "secret"),
+    [
+        ("sasl.password", True),
+        ("ssl.key.pem", True),
+        ("AWS_SECRET_ACCESS_KEY", True),
+        ("AWS_ACCESS_KEY_ID", True),
+        ("sasl.oauthbearer.client.secret", True),
+        ("security.protocol", False),
+        ("AWS_REGION", False),
+        ("fetch.max.bytes", False),
+    ],
+)
+def test_is_secret_key(key: str, secret: bool) -> None:
+    assert is_secret_key(key) is secret
