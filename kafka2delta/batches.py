@@ -33,6 +33,10 @@ class PartitionMessages:
             [self.timestamps_ms[i] for i in indices],
         )
 
+    def split(self, count: int) -> tuple[PartitionMessages, PartitionMessages]:
+        """The first ``count`` messages, and the rest."""
+        return self.select(range(count)), self.select(range(count, len(self)))
+
     def where(self, index: int) -> str:
         """``topic[partition]@offset`` of the message at ``index``: every log line about it says this."""
         return f"{self.topic}[{self.partition}]@{self.offsets[index]}"

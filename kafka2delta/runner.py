@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import logging
 import time
-from functools import partial
 from collections.abc import Callable
+from functools import partial
 from typing import Any, TypeVar
 
 from kafka2delta import faults
@@ -126,14 +126,19 @@ class Ingestor:
             if partition not in self._positions:
                 continue  # fetched before a revoke: no longer ours
             fresh = self._drop_taken(messages, self._positions[partition])
-            if not len(fresh):
-                continue
             self._metrics.consumed(self._topic, partition, len(fresh))
-            processed = self._pipeline.process(fresh)
-            self._metrics.skipped(self._topic, partition, "empty", processed.skipped_empty)
-            self._buffers.add(processed, len(fresh), now)
-            self._positions[partition] = processed.last_offset
-            self._progress.messages += len(fresh)
+            # A file closes at exactly max_messages_per_file: cut the batch where the buffer fills.
+            while len(fresh):
+                room = self._buffers.room(partition)
+                piece, fresh = (fresh, fresh.select([])) if len(fresh) <= room else fresh.split(room)
+                processed = self._pipeline.process(piece)
+                self._metrics.skipped(self._topic, partition, "empty", processed.skipped_empty)
+                self._buffers.add(processed, len(piece), now)
+                self._positions[partition] = processed.last_offset
+                self._progress.messages += len(piece)
+                if self._buffers.room(partition) == 0:
+                    self._flush("records")
+                    now = self._clock()
         self._reached.update(batch.end_offsets)
         self._metrics.buffered(self._buffers.buffered_messages)
 

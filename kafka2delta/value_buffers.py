@@ -58,6 +58,11 @@ class ValueBuffers:
             buffer.rows += processed.rows.num_rows
             buffer.nbytes += processed.rows.nbytes
 
+    def room(self, partition: int) -> int:
+        """Messages ``partition`` can still take before its file is full."""
+        buffer = self._buffers.get(partition)
+        return self._limits.max_messages_per_file - (buffer.messages if buffer else 0)
+
     def flush_reason(self, now: float) -> str | None:
         """Why the buffers must be committed now (the first limit reached), or None."""
         if not self._buffers:

@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote, urlparse
+from urllib.parse import urlparse
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -227,9 +227,8 @@ class DeltaWriter:
                 size = self._filesystem.get_file_info(path).size
             except OSError as exc:
                 raise RetryableError(f"writing {path}: {exc}") from exc
-            actions.append(
-                AddAction(quote(relative, safe="/=:@"), size, values, int(time.time() * 1000), True, file_stats(part))
-            )
+            # The on-disk relative path: delta-rs percent-encodes it for the log itself.
+            actions.append(AddAction(relative, size, values, int(time.time() * 1000), True, file_stats(part)))
         return actions
 
     def _split_by_partition(self, rows: pa.Table) -> list[tuple[dict[str, str | None], pa.Table]]:

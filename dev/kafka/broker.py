@@ -70,6 +70,7 @@ DEFAULT_JVM_OPTS: tuple[str, ...] = (
 _MARKER = ".pom-sha256"
 _LOG_TAIL_LINES = 60
 _PORT_IN_USE = re.compile(r"BindException|Address already in use")
+_STACK_FRAME = re.compile(r"\s+(at |\.\.\. \d+ more)")
 # Brokers started in-process; stopped at interpreter exit unless detached (CLI).
 _LIVE: set[LocalBroker] = set()
 
@@ -224,11 +225,13 @@ def _signal_group(pid: int, sig: signal.Signals) -> None:
 
 
 def _tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:
+    """Last lines of a log, minus Java stack frames (kept: messages and "Caused by:")."""
     try:
         text = path.read_text(errors="replace")
     except OSError:
         return f"(no {path})"
-    return "\n".join(text.splitlines()[-lines:])
+    kept = [line for line in text.splitlines() if not _STACK_FRAME.match(line)]
+    return "\n".join(kept[-lines:])
 
 
 # ------------------------------------------------------------------------- broker
@@ -255,7 +258,8 @@ class LocalBroker:
         jvm_opts: Sequence[str] | None = None,
     ) -> None:
         self.work_dir = Path(work_dir).resolve()
-        self._auto_ports = port is None or controller_port is None
+        self._auto_port = port is None
+        self._auto_controller_port = controller_port is None
         free = _free_ports(2)
         self.port: int = port if port is not None else free[0]
         self.controller_port: int = controller_port if controller_port is not None else free[1]
@@ -350,14 +354,20 @@ class LocalBroker:
             raise RuntimeError(f"broker already running (pid {self.pid})")
         deadline = time.monotonic() + timeout
         libs = ensure_jars(self._libs_dir)
-        attempts = 3 if self._auto_ports else 1
+        # A free port picked in __init__ can be taken by someone else before java binds it:
+        # retry with newly picked ports (only the ones the caller left to us).
+        attempts = 3 if (self._auto_port or self._auto_controller_port) else 1
         for attempt in range(1, attempts + 1):
             try:
                 return self._start_once(libs, deadline, fresh=fresh)
             except _PortInUseError:
                 if attempt == attempts:
                     raise
-                self.port, self.controller_port = _free_ports(2)
+                free = _free_ports(2)
+                if self._auto_port:
+                    self.port = free[0]
+                if self._auto_controller_port:
+                    self.controller_port = free[1]
         raise AssertionError("unreachable")
 
     def _start_once(self, libs: Path, deadline: float, *, fresh: bool) -> str:
@@ -402,11 +412,12 @@ class LocalBroker:
             if code is not None:
                 self._forget()
                 tail = _tail(self.log_path)
+                msg = f"Kafka broker exited with code {code} during startup; tail of {self.log_path}:\n{tail}"
                 if _PORT_IN_USE.search(tail):
-                    raise _PortInUseError(tail)
-                raise RuntimeError(
-                    f"Kafka broker exited with code {code} during startup; tail of {self.log_path}:\n{tail}"
-                )
+                    raise _PortInUseError(
+                        f"port {self.port} or {self.controller_port} on 127.0.0.1 already in use. {msg}"
+                    )
+                raise RuntimeError(msg)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 self.kill()

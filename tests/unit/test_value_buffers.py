@@ -3,7 +3,9 @@ import pyarrow as pa
 from kafka2delta.pipeline import ProcessedPartition
 from kafka2delta.value_buffers import FlushLimits, ValueBuffers
 
-LIMITS = FlushLimits(allowed_latency_s=2.0, max_messages_per_file=100, min_bytes_per_file=10_000, max_buffered_bytes=15_000)
+LIMITS = FlushLimits(
+    allowed_latency_s=2.0, max_messages_per_file=100, min_bytes_per_file=10_000, max_buffered_bytes=15_000
+)
 
 
 def processed(partition: int, first: int, last: int, rows: int) -> ProcessedPartition:
@@ -45,5 +47,12 @@ def test_take_and_offsets() -> None:
     assert list(taken) == [0]
     assert (taken[0].first_offset, taken[0].last_offset, taken[0].messages, taken[0].rows) == (0, 9, 10, 5)
     assert 1 in buffers and 0 not in buffers
-    assert buffers.take() .keys() == {1}
+    assert buffers.take().keys() == {1}
     assert not buffers
+
+
+def test_room_until_the_file_is_full() -> None:
+    buffers = ValueBuffers(LIMITS)
+    assert buffers.room(0) == 100
+    buffers.add(processed(0, 0, 59, 60), 60, now=0.0)
+    assert buffers.room(0) == 40 and buffers.room(1) == 100

@@ -1,0 +1,197 @@
+"""Factories for integration tests: topics, producers, daemon subprocesses, table readers."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+from confluent_kafka import Producer
+from deltalake import DeltaTable
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SCHEMA = {
+    "id": "string not null",
+    "seq": "long",
+    "type": "string",
+    "amount": "double",
+    "ts": "timestamp",
+    "user": "struct<id:long,country:string>",
+}
+
+
+def event(partition: int, seq: int) -> bytes:
+    return json.dumps(
+        {
+            "id": f"p{partition}-{seq}",
+            "seq": seq,
+            "type": "click" if seq % 3 else "purchase",
+            "amount": seq * 0.5,
+            "ts": "2026-11-22T10:00:00.123456Z",
+            "user": {"id": seq % 97, "country": "FR"},
+        }
+    ).encode()
+
+
+@dataclass
+class Topic:
+    name: str
+    partitions: int
+    bootstrap: str
+
+    def produce(
+        self, per_partition: int, start: int = 0, payload: Callable[[int, int], bytes | None] = event
+    ) -> list[str]:
+        """Produce ``per_partition`` events to each partition; return the ids produced (None payloads excluded)."""
+        producer = Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 20, "batch.num.messages": 10000})
+        ids = []
+        for seq in range(start, start + per_partition):
+            for partition in range(self.partitions):
+                value = payload(partition, seq)
+                while True:
+                    try:
+                        producer.produce(self.name, value=value, partition=partition)
+                        break
+                    except BufferError:
+                        producer.poll(0.1)
+                if value:
+                    ids.append(f"p{partition}-{seq}")
+        assert producer.flush(60) == 0
+        return ids
+
+
+@pytest.fixture
+def topic_factory(kafka_bootstrap: str, broker_module: ModuleType) -> Callable[[int], Topic]:
+    def create(partitions: int) -> Topic:
+        name = f"t-{uuid.uuid4().hex[:10]}"
+        broker_module.create_topic(kafka_bootstrap, name, partitions)
+        return Topic(name, partitions, kafka_bootstrap)
+
+    return create
+
+
+class Daemon:
+    def __init__(self, args: list[str], env: dict[str, str], log_path: Path) -> None:
+        self.log_path = log_path
+        self._log = open(log_path, "ab")  # noqa: SIM115 - closed in wait()
+        self.process = subprocess.Popen(args, env=env, stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT)
+
+    def wait(self, timeout: float = 120) -> int:
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            raise AssertionError(f"daemon did not exit in {timeout} s; log:\n{self.log()[-4000:]}") from None
+        finally:
+            self._log.close()
+
+    def stop(self, timeout: float = 60) -> int:
+        self.process.send_signal(signal.SIGTERM)
+        return self.wait(timeout)
+
+    def kill(self) -> None:
+        self.process.kill()
+        self.wait()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+@dataclass
+class Setup:
+    topic: Topic
+    table_uri: str
+    config_path: Path
+    tmp_path: Path
+    app_id: str
+
+    def table(self) -> DeltaTable:
+        return DeltaTable(self.table_uri)
+
+    def ids(self) -> list[str]:
+        if not DeltaTable.is_deltatable(self.table_uri):
+            return []
+        return self.table().to_pyarrow_table(columns=["id"]).column("id").to_pylist()
+
+    def txn_versions(self) -> dict[int, int | None]:
+        table = self.table()
+        return {p: table.transaction_version(f"{self.app_id}-{p}") for p in range(self.topic.partitions)}
+
+
+@pytest.fixture
+def setup_factory(tmp_path: Path, topic_factory: Callable[[int], Topic]) -> Callable[..., Setup]:
+    def make(partitions: int, **ingest: Any) -> Setup:
+        topic = topic_factory(partitions)
+        table_uri = str(tmp_path / "table")
+        ingest_settings = {"allowed_latency_s": 1.0, "progress_interval_s": 2.0, **ingest}
+        lines = [
+            "[kafka]",
+            f'bootstrap_servers = "{topic.bootstrap}"',
+            f'topic = "{topic.name}"',
+            f'group_id = "g-{topic.name}"',
+            "[kafka.settings]",
+            '"session.timeout.ms" = "10000"',
+            '"heartbeat.interval.ms" = "1000"',
+            "[table]",
+            f'uri = "{table_uri}"',
+            "[table.schema]",
+            *[f'{column} = "{kind}"' for column, kind in SCHEMA.items()],
+            "[ingest]",
+            *[f"{key} = {json.dumps(value)}" for key, value in ingest_settings.items()],
+        ]
+        config_path = tmp_path / "config.toml"
+        config_path.write_text("\n".join(lines) + "\n")
+        return Setup(topic, table_uri, config_path, tmp_path, topic.name)
+
+    return make
+
+
+@pytest.fixture
+def daemon_factory(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
+    started: list[Daemon] = []
+    counter = iter(range(1000))
+
+    def start(setup: Setup, *extra: str, env: dict[str, str] | None = None) -> Daemon:
+        args = [sys.executable, "-m", "kafka2delta", "ingest", "-c", str(setup.config_path), *extra]
+        full_env = {k: v for k, v in os.environ.items() if not k.startswith("K2D_")}
+        full_env.update(env or {})
+        daemon = Daemon(args, full_env, tmp_path / f"daemon-{next(counter)}.log")
+        started.append(daemon)
+        return daemon
+
+    yield start
+    for daemon in started:
+        if daemon.process.poll() is None:
+            daemon.process.kill()
+            daemon.process.wait()
+
+
+def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def assert_exactly_once(setup: Setup, produced: list[str]) -> None:
+    ids = setup.ids()
+    duplicates = len(ids) - len(set(ids))
+    missing = set(produced) - set(ids)
+    extra = set(ids) - set(produced)
+    assert (duplicates, len(missing), len(extra)) == (0, 0, 0), (
+        f"duplicates={duplicates} missing={sorted(missing)[:10]} extra={sorted(extra)[:10]}"
+    )

@@ -1,0 +1,81 @@
+"""The Delta edge on a local table: files + txn in one commit, conflicts between two writers."""
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+
+from kafka2delta.errors import CommitConflict, ConfigError
+from kafka2delta.schema import parse_schema
+from kafka2delta.writer import DeltaWriter, OffsetRange
+
+SCHEMA = parse_schema({"id": "string not null", "country": "string", "ts": "timestamp"})
+
+
+def open_writer(uri: Path, partition_by: tuple[str, ...] = (), interval: int = 10) -> DeltaWriter:
+    return DeltaWriter.open(str(uri), {}, "app", "snappy", interval, SCHEMA, partition_by)
+
+
+def rows(ids: list[str], country: str | None = "FR") -> pa.Table:
+    return pa.table(
+        {"id": ids, "country": [country] * len(ids), "ts": pa.array([None] * len(ids), pa.timestamp("us", "UTC"))},
+        schema=SCHEMA,
+    )
+
+
+def test_creates_table_and_commits_files_with_offsets(tmp_path: Path) -> None:
+    writer = open_writer(tmp_path / "t")
+    assert writer.committed_offsets([0, 1]) == {0: None, 1: None}
+    files = writer.write_files("events", 0, OffsetRange(0, 2), rows(["a", "b", "c"]))
+    assert files[0].path.startswith("events-0-0-2-")
+    version = writer.commit(
+        files, {0: None, 1: None}, {0: OffsetRange(0, 2), 1: OffsetRange(5, 9)}, {"topic": "events"}
+    )
+    table = DeltaTable(str(tmp_path / "t"))
+    assert version == table.version() == 1
+    assert table.transaction_version("app-0") == 2
+    assert table.transaction_version("app-1") == 9  # a txn-only advance (all dead letters) is committed too
+    assert sorted(table.to_pyarrow_table().column("id").to_pylist()) == ["a", "b", "c"]
+    assert table.history(1)[0]["kafka2delta"] == {"topic": "events"}
+    stats = json.loads(files[0].stats)
+    assert stats["numRecords"] == 3 and stats["minValues"]["id"] == "a" and stats["maxValues"]["id"] == "c"
+
+
+def test_missing_table_without_schema_names_the_key(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"table\.schema"):
+        DeltaWriter.open(str(tmp_path / "none"), {}, "app", "snappy", 10, None)
+
+
+def test_zombie_writer_cannot_commit_a_moved_partition(tmp_path: Path) -> None:
+    first, zombie = open_writer(tmp_path / "t"), open_writer(tmp_path / "t")
+    first.commit(first.write_files("e", 0, OffsetRange(0, 9), rows(["a"])), {0: None}, {0: OffsetRange(0, 9)}, {})
+    files = zombie.write_files("e", 0, OffsetRange(0, 9), rows(["a-again"]))
+    with pytest.raises(CommitConflict) as raised:
+        zombie.commit(files, {0: None}, {0: OffsetRange(0, 9)}, {})
+    assert raised.value.partitions == {0: 9}
+    table = DeltaTable(str(tmp_path / "t"))
+    assert table.to_pyarrow_table().column("id").to_pylist() == ["a"]
+
+
+def test_writers_of_different_partitions_both_commit(tmp_path: Path) -> None:
+    one, two = open_writer(tmp_path / "t"), open_writer(tmp_path / "t")
+    one.commit(one.write_files("e", 0, OffsetRange(0, 0), rows(["p0"])), {0: None}, {0: OffsetRange(0, 0)}, {})
+    two.commit(two.write_files("e", 1, OffsetRange(0, 0), rows(["p1"])), {1: None}, {1: OffsetRange(0, 0)}, {})
+    table = DeltaTable(str(tmp_path / "t"))
+    assert sorted(table.to_pyarrow_table().column("id").to_pylist()) == ["p0", "p1"]
+
+
+def test_partitioned_table_and_checkpoints(tmp_path: Path) -> None:
+    writer = open_writer(tmp_path / "t", partition_by=("country",), interval=2)
+    mixed = pa.concat_tables([rows(["a", "b"], "FR"), rows(["c"], "a/b c"), rows(["d"], None)])
+    files = writer.write_files("e", 0, OffsetRange(0, 3), mixed)
+    assert len(files) == 3
+    writer.commit(files, {0: None}, {0: OffsetRange(0, 3)}, {})
+    writer.commit([], {0: 3}, {0: OffsetRange(4, 4)}, {})
+    table = DeltaTable(str(tmp_path / "t"))
+    assert table.metadata().partition_columns == ["country"]
+    result = {r["id"]: r["country"] for r in table.to_pyarrow_table().to_pylist()}
+    assert result == {"a": "FR", "b": "FR", "c": "a/b c", "d": None}
+    assert (tmp_path / "t" / "_delta_log" / "00000000000000000002.checkpoint.parquet").exists()
