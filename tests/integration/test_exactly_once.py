@@ -26,7 +26,7 @@ def test_20000_messages_over_3_partitions_exactly_once(setup_factory, daemon_fac
             assert info["app_id"] == setup.app_id and info["topic"] == setup.topic.name
             for partition, (first, last) in info["offsets"].items():
                 covered.setdefault(partition, []).append((first, last))
-    for partition, ranges in covered.items():
+    for ranges in covered.values():
         ranges.sort()
         assert ranges[0][0] == 0 and ranges[-1][1] == per_partition - 1
         assert all(nxt[0] == prev[1] + 1 for prev, nxt in itertools.pairwise(ranges)), ranges
