@@ -100,8 +100,10 @@ class Ingestor:
                 if reason:
                     self._flush(reason)
                 if until_caught_up and self._caught_up():
-                    logger.info("caught up with the high watermarks seen at start: %s", self._targets)
-                    break
+                    self._flush("caught_up")  # no need to wait for the latency limit
+                    if self._caught_up():  # a conflict in that flush would have moved us back
+                        logger.info("caught up with the high watermarks seen at start: %s", self._targets)
+                        break
                 self._progress.maybe_log(self._status_line)
             self._flush("shutdown")
         except BaseException:
@@ -151,7 +153,8 @@ class Ingestor:
         return messages.select(keep)
 
     def _caught_up(self) -> bool:
-        if not self._positions or self._buffers:
+        """Every assigned partition has been taken up to the high watermark it had when first assigned."""
+        if not self._positions:
             return False
         for partition, position in self._positions.items():
             target = self._targets[partition]

@@ -39,7 +39,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -70,6 +70,7 @@ DEFAULT_JVM_OPTS: tuple[str, ...] = (
 _MARKER = ".pom-sha256"
 _LOG_TAIL_LINES = 60
 _PORT_IN_USE = re.compile(r"BindException|Address already in use")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")  # mvn 3.8 emits colour resets even with -B
 _STACK_FRAME = re.compile(r"\s+(at |\.\.\. \d+ more)")
 # Brokers started in-process; stopped at interpreter exit unless detached (CLI).
 _LIVE: set[LocalBroker] = set()
@@ -149,9 +150,10 @@ def ensure_jars(libs_dir: Path | None = None) -> Path:
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if proc.returncode != 0 or not any(tmp.glob("kafka_2.13-*.jar")):
             shutil.rmtree(tmp, ignore_errors=True)
+            out, err = (_ANSI.sub("", text).strip() for text in (proc.stdout, proc.stderr))
             raise RuntimeError(
                 f"fetching Kafka jars failed (exit {proc.returncode}): {shlex.join(cmd)}\n"
-                f"--- mvn stdout ---\n{proc.stdout}\n--- mvn stderr ---\n{proc.stderr}"
+                f"--- mvn stdout ---\n{out}\n--- mvn stderr ---\n{err}"
             )
         (tmp / _MARKER).write_text(pom_hash + "\n")
         if libs.exists():
@@ -256,6 +258,7 @@ class LocalBroker:
         *,
         libs_dir: Path | None = None,
         jvm_opts: Sequence[str] | None = None,
+        properties: Mapping[str, str] | None = None,
     ) -> None:
         self.work_dir = Path(work_dir).resolve()
         self._auto_port = port is None
@@ -272,6 +275,7 @@ class LocalBroker:
             self._jvm_opts = tuple(shlex.split(os.environ["K2D_KAFKA_JVM_OPTS"]))
         else:
             self._jvm_opts = DEFAULT_JVM_OPTS
+        self._extra_properties = dict(properties or {})
         self._proc: subprocess.Popen[bytes] | None = None
 
     # -- paths / properties
@@ -324,6 +328,7 @@ class LocalBroker:
             "share.coordinator.state.topic.min.isr": "1",
             "group.initial.rebalance.delay.ms": "0",
         }
+        props.update(self._extra_properties)
         return "".join(f"{k}={v}\n" for k, v in props.items())
 
     def _java(self, libs: Path, main: str, *args: str) -> list[str]:
