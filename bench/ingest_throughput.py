@@ -67,7 +67,11 @@ def main() -> int:
         commits = table.version()
 
     now = datetime.datetime.now(datetime.UTC)
-    sample = [make_event(p, seq, now) for p in range(args.partitions) for seq in range(0, per_partition, max(1, per_partition // 100))]
+    sample = [
+        make_event(p, seq, now)
+        for p in range(args.partitions)
+        for seq in range(0, per_partition, max(1, per_partition // 100))
+    ]
     payload_bytes = sum(map(len, sample)) / len(sample) * total
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     result = {

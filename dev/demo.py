@@ -67,7 +67,15 @@ def main() -> int:
         "K2D_TABLE__URI": args.table,
         "K2D_INGEST__ALLOWED_LATENCY_S": "2",
     }
-    command = [sys.executable, "-m", "kafka2delta", "ingest", "-c", str(ROOT / "config.example.toml"), "--until-caught-up"]
+    command = [
+        sys.executable,
+        "-m",
+        "kafka2delta",
+        "ingest",
+        "-c",
+        str(ROOT / "config.example.toml"),
+        "--until-caught-up",
+    ]
     print("== " + " ".join(command[1:]))
     started = time.monotonic()
     result = subprocess.run(command, env=env, cwd=ROOT)

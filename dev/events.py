@@ -23,7 +23,8 @@ def make_event(partition: int, seq: int, now: dt.datetime) -> bytes:
     return (
         f'{{"id":"p{partition}-{seq}","type":"{EVENT_TYPES[seq % 4]}","amount":{seq % 1000 / 10},'
         f'"ts":"{ts}","user":{{"id":{seq % 100_003},"country":"{COUNTRIES[seq % 6]}"}},'
-        f'"session":"s-{seq % 9973:05d}-{partition}","page":"/products/{seq % 517}","referrer":"https://example.com/"}}'
+        f'"session":"s-{seq % 9973:05d}-{partition}","page":"/products/{seq % 517}","referrer":"https://example.com/",'
+        f'"ua":"Mozilla/5.0 (X11; Linux x86_64) Gecko/20100101"}}'
     ).encode()
 
 
