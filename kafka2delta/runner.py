@@ -21,8 +21,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, TypeVar
+from typing import TypeVar
+
+from deltalake.transaction import AddAction
 
 from kafka2delta import faults
 from kafka2delta.batches import PartitionMessages
@@ -166,23 +169,19 @@ class Ingestor:
     # --- flush and commit ---------------------------------------------------------------
 
     def _flush(self, reason: str, partitions: set[int] | None = None) -> None:
-        taken = self._buffers.take(partitions)
-        if not taken:
-            return
+        pending = _PendingCommit(self._buffers.take(partitions))
         started = self._clock()
-        files: dict[int, list[Any]] = {}
         attempt = 0
-        while taken:
+        while pending.buffers:
             try:
-                version = self._commit(taken, files)
+                version = self._commit(pending)
                 break
             except CommitConflict as conflict:
                 for partition, in_log in conflict.partitions.items():
-                    dropped = taken.pop(partition, None)
-                    files.pop(partition, None)
+                    dropped = pending.drop(partition)
                     self._metrics.commit_conflict(self._topic, partition)
                     logger.warning(
-                        "%s[%d]: another writer committed up to offset %s; dropping our %s messages and resyncing",
+                        "%s[%d]: another writer committed up to offset %s; dropping our %d messages and resyncing",
                         self._topic,
                         partition,
                         in_log,
@@ -194,6 +193,7 @@ class Ingestor:
                 self._backoff(attempt, f"commit ({reason})", exc)
         else:
             return
+        taken = pending.buffers
         for partition, buffer in taken.items():
             self._committed[partition] = buffer.last_offset
         faults.point("after_delta_commit")
@@ -201,8 +201,8 @@ class Ingestor:
         faults.point("after_kafka_commit")
         seconds = self._clock() - started
         rows = {p: b.rows for p, b in taken.items()}
-        nbytes = sum(a.size for actions in files.values() for a in actions)
-        self._metrics.committed(self._topic, reason, rows, sum(map(len, files.values())), nbytes, version, seconds)
+        files = [action for actions in pending.files.values() for action in actions]
+        self._metrics.committed(self._topic, reason, rows, len(files), sum(a.size for a in files), version, seconds)
         self._metrics.buffered(self._buffers.buffered_messages)
         self._progress.commits += 1
         self._progress.rows += sum(rows.values())
@@ -216,23 +216,25 @@ class Ingestor:
             seconds,
         )
 
-    def _commit(self, taken: dict[int, PartitionBuffer], files: dict[int, list[Any]]) -> int:
-        """Steps 1-3 of the commit order; files already written in an earlier attempt are reused."""
-        schema = self._writer.schema
+    def _commit(self, pending: _PendingCommit) -> int:
+        """Steps 1-3 of the commit order. What an earlier attempt already did is not done again."""
+        taken = pending.buffers
         for partition, buffer in taken.items():
-            if partition not in files:
+            if partition not in pending.files:
                 offsets = OffsetRange(buffer.first_offset, buffer.last_offset)
-                files[partition] = (
-                    self._writer.write_files(self._topic, partition, offsets, buffer.to_table(schema))
-                    if buffer.rows
-                    else []
+                rows = buffer.to_table(self._writer.schema)
+                pending.files[partition] = (
+                    self._writer.write_files(self._topic, partition, offsets, rows) if buffer.rows else []
                 )
         faults.point("after_parquet_write")
-        letters = [letter for buffer in taken.values() for letter in buffer.dead_letters]
+        letters = [
+            letter for p, buffer in taken.items() if p not in pending.letters_recorded for letter in buffer.dead_letters
+        ]
         if letters:
             self._dead_letters.record(letters)
             for letter in letters:
                 self._metrics.dead_lettered(self._topic, letter.stage)
+        pending.letters_recorded.update(taken)
         faults.point("after_dead_letter_commit")
         ranges = {p: OffsetRange(b.first_offset, b.last_offset) for p, b in taken.items()}
         metadata = {
@@ -240,9 +242,9 @@ class Ingestor:
             "topic": self._topic,
             "offsets": {str(p): [r.first, r.last] for p, r in ranges.items()},
             "rows": sum(b.rows for b in taken.values()),
-            "dead_letters": len(letters),
+            "dead_letters": sum(len(b.dead_letters) for b in taken.values()),
         }
-        actions = [action for partition in taken for action in files[partition]]
+        actions = [action for partition in taken for action in pending.files[partition]]
         return self._writer.commit(actions, {p: self._committed[p] for p in taken}, ranges, metadata)
 
     def _resync(self, partition: int, in_log: int | None) -> None:
@@ -373,6 +375,19 @@ class Ingestor:
             f"{self._progress.commits} commits, table version {self._writer.version}, "
             f"buffered {self._buffers.buffered_messages}, lag {{{', '.join(lags)}}}"
         )
+
+
+@dataclass
+class _PendingCommit:
+    """One flush's work, kept across retries so no file is written and no dead letter recorded twice."""
+
+    buffers: dict[int, PartitionBuffer]
+    files: dict[int, list[AddAction]] = field(default_factory=dict)
+    letters_recorded: set[int] = field(default_factory=set)
+
+    def drop(self, partition: int) -> PartitionBuffer | None:
+        self.files.pop(partition, None)
+        return self.buffers.pop(partition, None)
 
 
 class _Progress:

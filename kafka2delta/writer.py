@@ -12,7 +12,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
@@ -252,7 +252,7 @@ class DeltaWriter:
 
     def commit(
         self,
-        actions: list[AddAction | RemoveAction],
+        actions: Sequence[AddAction],
         expected: dict[int, int | None],
         ranges: dict[int, OffsetRange],
         metadata: dict[str, Any],
@@ -276,7 +276,10 @@ class DeltaWriter:
         )
         try:
             self._table.create_write_transaction(
-                actions, mode="append", schema=self._table.schema(), commit_properties=properties
+                list[AddAction | RemoveAction](actions),
+                mode="append",
+                schema=self._table.schema(),
+                commit_properties=properties,
             )
         except (DeltaError, OSError) as exc:
             # A failed or ambiguous commit: the log, not the exception, says what happened.

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -69,6 +70,27 @@ class Topic:
                     ids.append(f"p{partition}-{seq}")
         assert producer.flush(60) == 0
         return ids
+
+
+class BackgroundProducer:
+    """Produces ``per_partition`` events per partition in small chunks while a daemon runs."""
+
+    def __init__(
+        self, topic: Topic, per_partition: int, start: int = 0, chunk: int = 100, pause_s: float = 0.05
+    ) -> None:
+        self.ids: list[str] = []
+        self._thread = threading.Thread(target=self._run, args=(topic, per_partition, start, chunk, pause_s))
+        self._thread.start()
+
+    def _run(self, topic: Topic, per_partition: int, start: int, chunk: int, pause_s: float) -> None:
+        for first in range(start, start + per_partition, chunk):
+            self.ids.extend(topic.produce(min(chunk, start + per_partition - first), start=first))
+            time.sleep(pause_s)
+
+    def join(self) -> list[str]:
+        self._thread.join(300)
+        assert not self._thread.is_alive()
+        return self.ids
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from tests.integration.conftest import assert_exactly_once, wait_for
+from tests.integration.conftest import BackgroundProducer, assert_exactly_once, wait_for
 
 
 @pytest.mark.parametrize("point", ["after_parquet_write", "after_delta_commit", "after_kafka_commit"])
@@ -30,13 +30,15 @@ def test_kill_at_commit_step_then_restart(setup_factory, daemon_factory, point: 
 
 def test_kill_at_a_random_moment_then_restart(setup_factory, daemon_factory) -> None:
     setup = setup_factory(3, max_messages_per_file=300, allowed_latency_s=0.3)
-    produced = setup.topic.produce(per_partition=4000)
-    daemon = daemon_factory(setup, "--until-caught-up")
+    producer = BackgroundProducer(setup.topic, per_partition=6000)
+    daemon = daemon_factory(setup)
     wait_for(lambda: bool(setup.ids()), 90, "a first commit")
     time.sleep(random.uniform(0.0, 2.0))
+    assert daemon.process.poll() is None, "the daemon must still be running when it is killed"
     daemon.kill()
     killed_at = setup.txn_versions()
+    produced = producer.join()
     restarted = daemon_factory(setup, "--until-caught-up")
     assert restarted.wait(180) == 0, restarted.log()[-3000:]
     assert_exactly_once(setup, produced)
-    assert setup.txn_versions() == {p: 3999 for p in range(3)}, killed_at
+    assert setup.txn_versions() == {p: 5999 for p in range(3)}, killed_at

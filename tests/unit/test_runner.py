@@ -1,0 +1,169 @@
+"""The loop with an in-memory Kafka source and a real local Delta table: retries and conflicts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from deltalake import DeltaTable
+from prometheus_client import generate_latest
+
+from kafka2delta.batches import PartitionMessages
+from kafka2delta.config import load_config
+from kafka2delta.errors import RetryableError
+from kafka2delta.kafka import ConsumedBatch
+from kafka2delta.metrics import Metrics
+from kafka2delta.offsets import LogicalOffset
+from kafka2delta.pipeline import Pipeline
+from kafka2delta.runner import Ingestor
+from kafka2delta.schema import parse_schema
+from kafka2delta.serialization import JsonDeserializer
+from kafka2delta.writer import DeltaWriter, OffsetRange
+
+SCHEMA = parse_schema({"id": "string not null"})
+
+
+class FakeSource:
+    """Serves scripted batches, then empty ones; remembers seeks and group-offset commits."""
+
+    def __init__(self, batches: list[ConsumedBatch], partitions: list[int], high: int) -> None:
+        self.batches = batches
+        self.partitions = partitions
+        self.high = high
+        self.starts: dict[int, int | LogicalOffset] = {}
+        self.seeks: list[tuple[int, int | LogicalOffset]] = []
+        self.group_offsets: list[dict[int, int]] = []
+
+    def start(self, listener: Any) -> None:
+        self.starts = listener.assigned(self.partitions)
+
+    def consume(self, max_messages: int, timeout: float) -> ConsumedBatch:
+        batch = self.batches.pop(0) if self.batches else ConsumedBatch()
+        batch.end_offsets = {} if self.batches else {p: self.high for p in self.partitions}
+        return batch
+
+    def watermarks(self, partition: int, cached: bool = False) -> tuple[int, int]:
+        return 0, self.high
+
+    def seek(self, partition: int, offset: int | LogicalOffset) -> None:
+        self.seeks.append((partition, offset))
+
+    def commit_group_offsets(self, offsets: dict[int, int]) -> None:
+        self.group_offsets.append(dict(offsets))
+
+    def close(self) -> None:
+        pass
+
+
+class RecordingSink:
+    def __init__(self) -> None:
+        self.recorded: list[Any] = []
+
+    def record(self, letters: Any) -> None:
+        self.recorded.extend(letters)
+
+
+def batch(partition: int, first: int, count: int, bad_every: int = 0) -> ConsumedBatch:
+    offsets = list(range(first, first + count))
+    payloads: list[bytes | None] = [
+        b"{broken" if bad_every and o % bad_every == 0 else json.dumps({"id": f"p{partition}-{o}"}).encode()
+        for o in offsets
+    ]
+    return ConsumedBatch(partitions={partition: PartitionMessages("t", partition, offsets, payloads, [0] * count)})
+
+
+def make(tmp_path: Path, source: FakeSource, writer: Any, sink: RecordingSink) -> tuple[Ingestor, Metrics]:
+    config = load_config(
+        None,
+        environ={
+            "K2D_KAFKA__BOOTSTRAP_SERVERS": "unused:1",
+            "K2D_KAFKA__TOPIC": "t",
+            "K2D_TABLE__URI": str(tmp_path / "t"),
+            "K2D_INGEST__MAX_COMMIT_RETRIES": "3",
+        },
+    )
+    metrics = Metrics()
+    sleeps: list[float] = []
+    ingestor = Ingestor(
+        config, source, writer, Pipeline(JsonDeserializer(SCHEMA), SCHEMA), sink, metrics, sleep=sleeps.append
+    )
+    return ingestor, metrics
+
+
+class FlakyWriter:
+    """A real DeltaWriter whose first commit fails with a storage error before anything lands."""
+
+    def __init__(self, writer: DeltaWriter) -> None:
+        self._writer = writer
+        self.schema = writer.schema
+        self.files_written = 0
+        self.failures_left = 1
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._writer, name)
+
+    def write_files(self, *args: Any) -> Any:
+        self.files_written += 1
+        return self._writer.write_files(*args)
+
+    def commit(self, *args: Any) -> int:
+        if self.failures_left:
+            self.failures_left -= 1
+            raise RetryableError("S3 said 503")
+        return self._writer.commit(*args)
+
+
+def test_storage_error_is_retried_without_rewriting_or_rerecording(tmp_path: Path) -> None:
+    writer = FlakyWriter(DeltaWriter.open(str(tmp_path / "t"), {}, "t", "snappy", 10, SCHEMA))
+    source = FakeSource([batch(0, 0, 10, bad_every=5), batch(1, 0, 10)], [0, 1], high=10)
+    sink = RecordingSink()
+    ingestor, metrics = make(tmp_path, source, writer, sink)
+    ingestor.run(until_caught_up=True)
+
+    table = DeltaTable(str(tmp_path / "t"))
+    ids = table.to_pyarrow_table().column("id").to_pylist()
+    assert len(ids) == len(set(ids)) == 18
+    assert table.transaction_version("t-0") == 9 and table.transaction_version("t-1") == 9
+    assert [letter.offset for letter in sink.recorded] == [0, 5]  # recorded once, despite the retry
+    assert writer.files_written == 2  # one per partition, reused by the retry
+    assert source.group_offsets == [{0: 10, 1: 10}]
+    text = generate_latest(metrics.registry).decode()
+    assert "kafka2delta_storage_retries_total 1.0" in text
+    assert 'kafka2delta_messages_dead_lettered_total{stage="deserialize",topic="t"} 2.0' in text
+
+
+def test_conflict_drops_the_moved_partition_and_commits_the_other(tmp_path: Path) -> None:
+    uri = str(tmp_path / "t")
+    ours = DeltaWriter.open(uri, {}, "t", "snappy", 10, SCHEMA)
+    other = DeltaWriter.open(uri, {}, "t", "snappy", 10, SCHEMA)
+
+    class RacingSource(FakeSource):
+        def consume(self, max_messages: int, timeout: float) -> ConsumedBatch:
+            served = super().consume(max_messages, timeout)
+            if served.partitions:
+                # Another writer (a zombie's rival) commits partition 0 up to offset 4 meanwhile.
+                rows = JsonDeserializer(SCHEMA).decode([b'{"id":"theirs"}']).rows
+                other.commit(other.write_files("t", 0, OffsetRange(0, 4), rows), {0: None}, {0: OffsetRange(0, 4)}, {})
+            return served
+
+    both = batch(0, 0, 5)
+    both.partitions.update(batch(1, 0, 5).partitions)
+    source = RacingSource([both], [0, 1], high=5)
+    ingestor, metrics = make(tmp_path, source, ours, RecordingSink())
+    ingestor.run(until_caught_up=True)
+
+    table = DeltaTable(uri)
+    assert sorted(table.to_pyarrow_table().column("id").to_pylist()) == [
+        "p1-0",
+        "p1-1",
+        "p1-2",
+        "p1-3",
+        "p1-4",
+        "theirs",
+    ]
+    assert table.transaction_version("t-0") == 4 and table.transaction_version("t-1") == 4
+    assert (0, 5) in source.seeks  # resynced to the table's version + 1
+    assert (
+        'kafka2delta_commit_conflicts_total{partition="0",topic="t"} 1.0' in generate_latest(metrics.registry).decode()
+    )
