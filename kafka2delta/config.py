@@ -322,24 +322,19 @@ def _convert(where: str, hint: Any, value: Any, *, secret: bool) -> Any:
 
 def _validate(config: Config) -> None:
     """Checks across keys and value ranges, each naming its key."""
-    positive_ints = {
-        "kafka.consume_batch_size": config.kafka.consume_batch_size,
-        "table.checkpoint_interval": config.table.checkpoint_interval,
-        "ingest.max_messages_per_file": config.ingest.max_messages_per_file,
-        "ingest.min_bytes_per_file": config.ingest.min_bytes_per_file,
-        "ingest.max_buffered_bytes": config.ingest.max_buffered_bytes,
+    must_be_positive: dict[str, tuple[float, str]] = {
+        "kafka.consume_batch_size": (config.kafka.consume_batch_size, "a positive integer"),
+        "table.checkpoint_interval": (config.table.checkpoint_interval, "a positive integer"),
+        "ingest.max_messages_per_file": (config.ingest.max_messages_per_file, "a positive integer"),
+        "ingest.min_bytes_per_file": (config.ingest.min_bytes_per_file, "a positive integer"),
+        "ingest.max_buffered_bytes": (config.ingest.max_buffered_bytes, "a positive integer"),
+        "kafka.consume_timeout_s": (config.kafka.consume_timeout_s, "a positive number of seconds"),
+        "ingest.allowed_latency_s": (config.ingest.allowed_latency_s, "a positive number of seconds"),
+        "ingest.progress_interval_s": (config.ingest.progress_interval_s, "a positive number of seconds"),
     }
-    for key, value in positive_ints.items():
-        if value <= 0:
-            raise ConfigError(key, f"expected a positive integer, got {value}")
-    positive_floats = {
-        "kafka.consume_timeout_s": config.kafka.consume_timeout_s,
-        "ingest.allowed_latency_s": config.ingest.allowed_latency_s,
-        "ingest.progress_interval_s": config.ingest.progress_interval_s,
-    }
-    for key, seconds in positive_floats.items():
-        if seconds <= 0:
-            raise ConfigError(key, f"expected a positive number of seconds, got {seconds}")
+    for key, (number, expected) in must_be_positive.items():
+        if number <= 0:
+            raise ConfigError(key, f"expected {expected}, got {number}")
     if config.ingest.max_commit_retries < 0:
         raise ConfigError("ingest.max_commit_retries", "expected 0 or more")
     if not 0 <= config.metrics.port <= 65535:
