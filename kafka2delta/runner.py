@@ -83,6 +83,8 @@ class Ingestor:
         # For --until-caught-up: the high watermark when a partition was first assigned, and end-of-partition events.
         self._targets: dict[int, int] = {}
         self._reached: dict[int, int] = {}
+        # Partitions re-positioned (seek) while a consumed batch is being taken: the rest of it is stale.
+        self._resynced: set[int] = set()
         self._stop_requested = False
         self._failed = False
         self._progress = _Progress(clock, ingest.progress_interval_s)
@@ -124,16 +126,18 @@ class Ingestor:
         return self._retrying("consume", lambda: self._source.consume(self._config.kafka.consume_batch_size, timeout))
 
     def _accept(self, batch: ConsumedBatch) -> None:
+        self._resynced.clear()
         for partition in batch.out_of_range:
             self._offset_out_of_range(partition)
         now = self._clock()
         for partition, messages in batch.partitions.items():
-            if partition not in self._positions:
-                continue  # fetched before a revoke: no longer ours
+            if partition not in self._positions or partition in self._resynced:
+                continue  # fetched before a revoke, or before a seek: not to be taken
             fresh = self._drop_taken(messages, self._positions[partition])
             self._metrics.consumed(self._topic, partition, len(fresh))
             # A file closes at exactly max_messages_per_file: cut the batch where the buffer fills.
-            while len(fresh):
+            # A flush that resyncs this partition makes the rest of its messages stale: stop there.
+            while len(fresh) and partition not in self._resynced:
                 room = self._buffers.room(partition)
                 piece, fresh = (fresh, fresh.select([])) if len(fresh) <= room else fresh.split(room)
                 processed = self._pipeline.process(piece)
@@ -250,6 +254,7 @@ class Ingestor:
     def _resync(self, partition: int, in_log: int | None) -> None:
         """Forget what we hold for ``partition`` and fetch again from the table's version + 1."""
         self._buffers.drop(partition)
+        self._resynced.add(partition)
         if partition not in self._positions:
             return
         self._committed[partition] = in_log
@@ -357,6 +362,7 @@ class Ingestor:
         logger.error("%s", decision.reason)
         if isinstance(decision.offset, int):
             self._positions[partition] = decision.offset - 1
+        self._resynced.add(partition)
         self._source.seek(partition, decision.offset)
 
     # --- progress -------------------------------------------------------------------------

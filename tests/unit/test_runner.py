@@ -73,16 +73,15 @@ def batch(partition: int, first: int, count: int, bad_every: int = 0) -> Consume
     return ConsumedBatch(partitions={partition: PartitionMessages("t", partition, offsets, payloads, [0] * count)})
 
 
-def make(tmp_path: Path, source: FakeSource, writer: Any, sink: RecordingSink) -> tuple[Ingestor, Metrics]:
-    config = load_config(
-        None,
-        environ={
-            "K2D_KAFKA__BOOTSTRAP_SERVERS": "unused:1",
-            "K2D_KAFKA__TOPIC": "t",
-            "K2D_TABLE__URI": str(tmp_path / "t"),
-            "K2D_INGEST__MAX_COMMIT_RETRIES": "3",
-        },
-    )
+def make(tmp_path: Path, source: Any, writer: Any, sink: RecordingSink, **ingest: str) -> tuple[Ingestor, Metrics]:
+    environ = {
+        "K2D_KAFKA__BOOTSTRAP_SERVERS": "unused:1",
+        "K2D_KAFKA__TOPIC": "t",
+        "K2D_TABLE__URI": str(tmp_path / "t"),
+        "K2D_INGEST__MAX_COMMIT_RETRIES": "3",
+    }
+    environ.update({f"K2D_INGEST__{key.upper()}": value for key, value in ingest.items()})
+    config = load_config(None, environ=environ)
     metrics = Metrics()
     sleeps: list[float] = []
     ingestor = Ingestor(
@@ -167,3 +166,56 @@ def test_conflict_drops_the_moved_partition_and_commits_the_other(tmp_path: Path
     assert (
         'kafka2delta_commit_conflicts_total{partition="0",topic="t"} 1.0' in generate_latest(metrics.registry).decode()
     )
+
+
+class LogSource(FakeSource):
+    """A one-partition fake broker: serves its log from the current position and honours seeks."""
+
+    def __init__(self, payloads: list[bytes]) -> None:
+        super().__init__([], [0], high=len(payloads))
+        self.log = payloads
+        self.position = 0
+
+    def start(self, listener: Any) -> None:
+        super().start(listener)
+        start = self.starts[0]
+        self.position = 0 if isinstance(start, LogicalOffset) else start
+
+    def consume(self, max_messages: int, timeout: float) -> ConsumedBatch:
+        offsets = list(range(self.position, min(self.position + max_messages, len(self.log))))
+        self.position += len(offsets)
+        if not offsets:
+            return ConsumedBatch(end_offsets={0: len(self.log)})
+        payloads: list[bytes | None] = [self.log[o] for o in offsets]
+        return ConsumedBatch(partitions={0: PartitionMessages("t", 0, offsets, payloads, [0] * len(offsets))})
+
+    def seek(self, partition: int, offset: int | LogicalOffset) -> None:
+        super().seek(partition, offset)
+        assert isinstance(offset, int)
+        self.position = offset
+
+
+def test_messages_fetched_before_a_resync_are_not_taken(tmp_path: Path) -> None:
+    """A conflict mid-batch seeks back; the rest of the batch is stale and must leave no gap."""
+    uri = str(tmp_path / "t")
+    ours = DeltaWriter.open(uri, {}, "t", "snappy", 10, SCHEMA)
+    rival = DeltaWriter.open(uri, {}, "t", "snappy", 10, SCHEMA)
+    log = [json.dumps({"id": f"m{o}"}).encode() for o in range(20)]
+
+    class RacedWriter(FlakyWriter):
+        def commit(self, *args: Any) -> int:
+            if self.failures_left:  # just before our first commit, a rival commits offsets 0..2
+                self.failures_left = 0
+                rows = JsonDeserializer(SCHEMA).decode(log[:3]).rows
+                rival.commit(rival.write_files("t", 0, OffsetRange(0, 2), rows), {0: None}, {0: OffsetRange(0, 2)}, {})
+            return self._writer.commit(*args)
+
+    source = LogSource(log)
+    ingestor, _ = make(tmp_path, source, RacedWriter(ours), RecordingSink(), max_messages_per_file="5")
+    ingestor.run(until_caught_up=True)
+
+    table = DeltaTable(uri)
+    ids = sorted(table.to_pyarrow_table().column("id").to_pylist(), key=lambda i: int(i[1:]))
+    assert ids == [f"m{o}" for o in range(20)]  # no gap, no duplicate
+    assert table.transaction_version("t-0") == 19
+    assert source.seeks == [(0, 3)]
