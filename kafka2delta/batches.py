@@ -10,27 +10,56 @@ import pyarrow as pa
 
 from kafka2delta.errors import MessageError
 
+T = TypeVar("T")
+
+
+Header = tuple[str, bytes | None]
+
 
 @dataclass
 class PartitionMessages:
-    """Messages of one partition from one consume call, as columns (offsets ascending)."""
+    """Messages of one partition from one consume call, as columns (offsets ascending).
+
+    ``keys``, ``headers`` and ``timestamp_types`` may be None when a source does not provide them
+    (unit tests); the accessors then answer "no key", "no headers", "create time".
+    """
 
     topic: str
     partition: int
     offsets: list[int]
     payloads: list[bytes | None]
     timestamps_ms: list[int]
+    keys: list[bytes | None] | None = None
+    headers: list[list[Header] | None] | None = None
+    timestamp_types: list[int] | None = None
+    """Kafka's timestamp type per message: 0 create time, 1 log-append time, -1 not available."""
 
     def __len__(self) -> int:
         return len(self.offsets)
 
+    def key(self, index: int) -> bytes | None:
+        return self.keys[index] if self.keys is not None else None
+
+    def header_list(self, index: int) -> list[Header]:
+        found = self.headers[index] if self.headers is not None else None
+        return found or []
+
+    def timestamp_type(self, index: int) -> int:
+        return self.timestamp_types[index] if self.timestamp_types is not None else 0
+
     def select(self, indices: Sequence[int]) -> PartitionMessages:
+        def pick(values: list[T] | None) -> list[T] | None:
+            return None if values is None else [values[i] for i in indices]
+
         return PartitionMessages(
             self.topic,
             self.partition,
             [self.offsets[i] for i in indices],
             [self.payloads[i] for i in indices],
             [self.timestamps_ms[i] for i in indices],
+            pick(self.keys),
+            pick(self.headers),
+            pick(self.timestamp_types),
         )
 
     def split(self, count: int) -> tuple[PartitionMessages, PartitionMessages]:
@@ -49,9 +78,6 @@ class StageResult:
     rows: pa.Table
     indices: list[int]
     failures: list[tuple[int, MessageError]] = field(default_factory=list)
-
-
-T = TypeVar("T")
 
 
 def isolate_failures(

@@ -14,17 +14,22 @@ import sys
 from collections.abc import Sequence
 from types import FrameType
 
+import pyarrow as pa
+
 from kafka2delta import __version__, faults
+from kafka2delta.coercions import CoercionOptions
 from kafka2delta.config import Config, load_config
-from kafka2delta.dead_letters import LoggingDeadLetterSink
+from kafka2delta.dead_letters import DeadLetterTable, DeadLetterTopic
 from kafka2delta.errors import ConfigError, FatalError, Kafka2DeltaError, RetryableError
 from kafka2delta.kafka import KafkaSource, high_watermarks, topic_partitions
 from kafka2delta.metrics import Metrics
 from kafka2delta.offsets import txn_app_id
 from kafka2delta.pipeline import Pipeline
+from kafka2delta.registry import SchemaRegistry
 from kafka2delta.runner import Ingestor
 from kafka2delta.schema import parse_schema
-from kafka2delta.serialization import JsonDeserializer
+from kafka2delta.serialization import build_deserializer
+from kafka2delta.transforms import Transformer
 from kafka2delta.writer import DeltaWriter
 
 logger = logging.getLogger("kafka2delta")
@@ -111,6 +116,17 @@ def _open_writer(config: Config, create: bool) -> DeltaWriter:
     )
 
 
+def build_pipeline(config: Config, table_schema: pa.Schema) -> Pipeline:
+    """The stages as configured, fitted to ``table_schema``; a bad expression or format setting is a ConfigError."""
+    registry = SchemaRegistry(config.schema_registry) if config.schema_registry.url else None
+    deserializer = build_deserializer(config.format, registry, config.kafka.topic)
+    transformer = Transformer(config.transforms, config.filter.expression)
+    options = CoercionOptions(config.coercions.epoch_unit, config.coercions.epoch_units)
+    if config.format.type == "raw" and config.format.raw_column not in table_schema.names:
+        raise ConfigError("format.raw_column", f"column {config.format.raw_column!r} is not in the table")
+    return Pipeline(deserializer, table_schema, transformer, options, config.table.schema_evolution)
+
+
 def _ingest(config: Config, until_caught_up: bool) -> int:
     fault = os.environ.get("K2D_FAULT_INJECT")
     if fault:
@@ -121,8 +137,21 @@ def _ingest(config: Config, until_caught_up: bool) -> int:
     if config.metrics.port:
         metrics.serve(config.metrics.host, config.metrics.port)
     source = KafkaSource(config.kafka, partition_eof=until_caught_up)
-    pipeline = Pipeline(JsonDeserializer(writer.schema), writer.schema)
-    ingestor = Ingestor(config, source, writer, pipeline, LoggingDeadLetterSink(), metrics)
+    pipeline = build_pipeline(config, writer.schema)
+    dead_letters = DeadLetterTable.open(
+        config.dead_letter_table_uri,
+        config.table.storage_options,
+        config.app_id,
+        config.kafka.topic,
+        config.ingest.compression,
+        config.table.checkpoint_interval,
+    )
+    dead_letter_topic = (
+        DeadLetterTopic(config.kafka.bootstrap_servers, config.kafka.settings, config.dead_letters.topic)
+        if config.dead_letters.topic
+        else None
+    )
+    ingestor = Ingestor(config, source, writer, pipeline, dead_letters, metrics, dead_letter_topic)
 
     def stop(signum: int, frame: FrameType | None) -> None:
         logger.info("received %s: flushing, committing and stopping", signal.Signals(signum).name)

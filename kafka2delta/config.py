@@ -81,6 +81,9 @@ class TableConfig:
     """Object-store options passed to deltalake (``AWS_ENDPOINT_URL`` …)."""
     checkpoint_interval: int = 10
     """Write a Delta checkpoint every this many commits of this daemon."""
+    schema_evolution: Literal["none", "merge"] = "none"
+    """``merge``: a field the table lacks becomes a new nullable column (nested too) in the commit that
+    first carries it. ``none``: such fields are dropped and counted."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,69 @@ class IngestConfig:
     """How often a progress line (messages/s, commits, lag) is logged, seconds."""
     max_commit_retries: int = 10
     """Retries of a failed storage operation before the daemon gives up (backoff doubles, 30 s at most)."""
+
+
+@dataclass(frozen=True)
+class FormatConfig:
+    """``[format]``: how message values and keys are decoded."""
+
+    type: Literal["json", "avro", "protobuf", "raw"] = "json"
+    """``json`` (one object per message), ``avro`` (Confluent wire format through the registry, or bare
+    datums with ``avro_schema_file``), ``protobuf`` (Confluent wire format through the registry), ``raw``."""
+    gzip: bool = False
+    """``json``/``raw``: payloads are gzip-compressed (a payload that is not gzip is a dead letter)."""
+    avro_schema_file: str = ""
+    """``avro``: an ``.avsc`` file. Without a registry the payloads are bare Avro datums written with it;
+    with a registry it is the reader schema every writer schema is resolved to."""
+    raw_column: str = "value"
+    """``raw``: the column receiving the payload (a ``string`` column gets UTF-8 text, ``binary`` the bytes)."""
+    key: Literal["none", "string", "json", "avro"] = "none"
+    """How the message key is decoded for ``kafka.key`` in transforms (``avro`` needs the registry)."""
+
+
+@dataclass(frozen=True)
+class SchemaRegistryConfig:
+    """``[schema_registry]``: a registry speaking the Confluent REST API."""
+
+    url: str = ""
+    """Base URL, e.g. ``http://registry:8081`` (Apicurio: ``http://host:8080/apis/ccompat/v7``)."""
+    username: str = ""
+    """Basic-auth user (empty: no authentication)."""
+    password: str = ""
+    """Basic-auth password."""
+    timeout_s: float = 10.0
+    """Timeout of one registry request, seconds. A registry that does not answer is retried with backoff."""
+    cache_size: int = 1000
+    """Schemas kept in memory by id (a schema id never changes its schema, so entries never expire)."""
+
+
+@dataclass(frozen=True)
+class FilterConfig:
+    """``[filter]``: which messages to keep."""
+
+    expression: str = ""
+    """A JMESPath expression evaluated after the transforms; messages for which it is false or null are
+    skipped and counted (``kafka2delta_messages_skipped_total{reason="filtered"}``). Empty: keep all."""
+
+
+@dataclass(frozen=True)
+class CoercionConfig:
+    """``[coercions]``: how values are fitted to the table's column types."""
+
+    epoch_unit: Literal["s", "ms", "us"] = "ms"
+    """Unit of numbers coerced into ``timestamp``/``timestamp_ntz``/``date`` columns."""
+    epoch_units: Mapping[str, str] = field(default_factory=dict)
+    """Per-column override of ``epoch_unit`` (``"created" = "s"``, nested columns as ``"user.created"``)."""
+
+
+@dataclass(frozen=True)
+class DeadLetterConfig:
+    """``[dead_letters]``: where messages that fail a stage go."""
+
+    table_uri: str = ""
+    """The dead-letter Delta table (created if missing). Empty: ``<table.uri>_dead_letters``."""
+    topic: str = ""
+    """Also produce each dead letter to this Kafka topic, the error in headers (at least once). Empty: off."""
 
 
 @dataclass(frozen=True)
@@ -128,6 +194,13 @@ class Config:
     kafka: KafkaConfig
     table: TableConfig
     ingest: IngestConfig = field(default_factory=IngestConfig)
+    format: FormatConfig = field(default_factory=FormatConfig)
+    schema_registry: SchemaRegistryConfig = field(default_factory=SchemaRegistryConfig)
+    transforms: tuple[tuple[str, str], ...] = ()
+    """``[transforms]``: ``target = "JMESPath expression"`` pairs, applied in the order written."""
+    filter: FilterConfig = field(default_factory=FilterConfig)
+    coercions: CoercionConfig = field(default_factory=CoercionConfig)
+    dead_letters: DeadLetterConfig = field(default_factory=DeadLetterConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
@@ -135,10 +208,16 @@ class Config:
     def app_id(self) -> str:
         return self.table.app_id or self.kafka.topic
 
+    @property
+    def dead_letter_table_uri(self) -> str:
+        return self.dead_letters.table_uri or f"{self.table.uri.rstrip('/')}_dead_letters"
+
     def secret_values(self) -> list[str]:
         """Every secret value in the config, for log redaction."""
         secrets = [v for k, v in self.kafka.settings.items() if is_secret_key(k) and v]
         secrets += [v for k, v in self.table.storage_options.items() if is_secret_key(k) and v]
+        if self.schema_registry.password:
+            secrets.append(self.schema_registry.password)
         return secrets
 
     def masked(self) -> dict[str, Any]:
@@ -150,6 +229,8 @@ class Config:
         data = dataclasses.asdict(self)
         data["kafka"]["settings"] = mask(self.kafka.settings)
         data["table"]["storage_options"] = mask(self.table.storage_options)
+        if self.schema_registry.password:
+            data["schema_registry"]["password"] = MASK
         return data
 
 
@@ -159,9 +240,16 @@ _SECTIONS: dict[str, type[Any]] = {
     "kafka": KafkaConfig,
     "table": TableConfig,
     "ingest": IngestConfig,
+    "format": FormatConfig,
+    "schema_registry": SchemaRegistryConfig,
+    "filter": FilterConfig,
+    "coercions": CoercionConfig,
+    "dead_letters": DeadLetterConfig,
     "metrics": MetricsConfig,
     "logging": LoggingConfig,
 }
+# A section that is a plain ordered table of strings, not a dataclass.
+_TRANSFORMS = "transforms"
 _TYPE_HINTS = {name: typing.get_type_hints(cls) for name, cls in _SECTIONS.items()}
 
 
@@ -182,6 +270,10 @@ def load_config(path: str | Path | None, environ: Mapping[str, str] | None = Non
 
 
 def _apply_environment(raw: dict[str, Any], environ: Mapping[str, str], sources: dict[str, str]) -> None:
+    transforms_variable = f"{ENV_PREFIX}{_TRANSFORMS.upper()}"
+    if transforms_variable in environ:
+        raw[_TRANSFORMS] = _json_object(_TRANSFORMS, transforms_variable, environ[transforms_variable])
+        sources[_TRANSFORMS] = transforms_variable
     for variable in sorted(environ):
         if not variable.startswith(ENV_PREFIX) or "__" not in variable:
             continue
@@ -198,20 +290,31 @@ def _apply_environment(raw: dict[str, Any], environ: Mapping[str, str], sources:
             continue
         if len(parts) != 2:
             raise ConfigError(variable, "expected K2D_<SECTION>__<KEY> (or __<SUBKEY> for settings/storage_options)")
-        if key == "schema":
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as exc:
-                raise ConfigError(f"{dotted} (from {variable})", f"expected a JSON object: {exc}") from exc
+        if key in _JSON_KEYS:
+            value = _json_object(dotted, variable, value)
         raw.setdefault(section, {})[key] = value
         sources[dotted] = variable
 
 
+# Mappings whose keys are column names (any case, dots allowed): from the environment as one JSON object.
+_JSON_KEYS = frozenset({"schema", "epoch_units"})
+
+
+def _json_object(key: str, variable: str, text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{key} (from {variable})", f"expected a JSON object: {exc}") from exc
+    if not isinstance(value, dict):
+        raise ConfigError(f"{key} (from {variable})", f"expected a JSON object, got {text!r}")
+    return value
+
+
 def _build(raw: dict[str, Any], sources: dict[str, str]) -> Config:
     for section in raw:
-        if section not in _SECTIONS:
-            raise ConfigError(section, f"unknown section (known: {', '.join(_SECTIONS)})")
-    built: dict[str, Any] = {}
+        if section not in _SECTIONS and section != _TRANSFORMS:
+            raise ConfigError(section, f"unknown section (known: {', '.join([*_SECTIONS, _TRANSFORMS])})")
+    built: dict[str, Any] = {"transforms": _build_transforms(raw.get(_TRANSFORMS, {}), sources)}
     for section, cls in _SECTIONS.items():
         values = raw.get(section, {})
         if not isinstance(values, dict):
@@ -220,6 +323,30 @@ def _build(raw: dict[str, Any], sources: dict[str, str]) -> Config:
     config = Config(**built)
     _validate(config)
     return config
+
+
+def _build_transforms(values: Any, sources: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    where = f"{_TRANSFORMS} (from {sources[_TRANSFORMS]})" if _TRANSFORMS in sources else _TRANSFORMS
+    if not isinstance(values, dict):
+        raise ConfigError(where, 'expected a table of target = "expression"')
+    pairs = []
+    for target, expression in _flatten_targets(values):
+        if not isinstance(expression, str) or not expression.strip():
+            raise ConfigError(f"{where}.{target}", f"expected a JMESPath expression string, got {expression!r}")
+        pairs.append((target, expression))
+    return tuple(pairs)
+
+
+def _flatten_targets(values: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    """``meta.offset = "kafka.offset"`` in TOML is a nested table; the target is the dotted path."""
+    flat: list[tuple[str, Any]] = []
+    for key, value in values.items():
+        target = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.extend(_flatten_targets(value, f"{target}."))
+        else:
+            flat.append((target, value))
+    return flat
 
 
 def _build_section(section: str, cls: type[Any], values: dict[str, Any], sources: dict[str, str]) -> Any:
@@ -331,6 +458,8 @@ def _validate(config: Config) -> None:
         "kafka.consume_timeout_s": (config.kafka.consume_timeout_s, "a positive number of seconds"),
         "ingest.allowed_latency_s": (config.ingest.allowed_latency_s, "a positive number of seconds"),
         "ingest.progress_interval_s": (config.ingest.progress_interval_s, "a positive number of seconds"),
+        "schema_registry.timeout_s": (config.schema_registry.timeout_s, "a positive number of seconds"),
+        "schema_registry.cache_size": (config.schema_registry.cache_size, "a positive integer"),
     }
     for key, (number, expected) in must_be_positive.items():
         if number <= 0:
@@ -358,3 +487,27 @@ def _validate(config: Config) -> None:
         for column in config.table.partition_by:
             if column not in schema.names:
                 raise ConfigError("table.partition_by", f"column {column!r} is not in table.schema")
+    _validate_format(config)
+    for column, unit in config.coercions.epoch_units.items():
+        if unit not in ("s", "ms", "us"):
+            raise ConfigError(f"coercions.epoch_units.{column}", f"expected one of 's', 'ms', 'us', got {unit!r}")
+
+
+def _validate_format(config: Config) -> None:
+    fmt, registry = config.format, config.schema_registry
+    if registry.url and not re.match(r"https?://", registry.url):
+        raise ConfigError("schema_registry.url", f"expected an http:// or https:// URL, got {registry.url!r}")
+    if fmt.type == "avro" and not (registry.url or fmt.avro_schema_file):
+        raise ConfigError(
+            "format.type", "avro needs schema_registry.url (Confluent wire format) or format.avro_schema_file"
+        )
+    if fmt.type == "protobuf" and not registry.url:
+        raise ConfigError("format.type", "protobuf needs schema_registry.url (Confluent wire format)")
+    if fmt.key == "avro" and not registry.url:
+        raise ConfigError("format.key", "avro keys need schema_registry.url")
+    if fmt.gzip and fmt.type not in ("json", "raw"):
+        raise ConfigError("format.gzip", f"gzip applies to json and raw payloads, not {fmt.type}")
+    if fmt.avro_schema_file and fmt.type != "avro":
+        raise ConfigError("format.avro_schema_file", f"is only used with format.type = 'avro', not {fmt.type!r}")
+    if registry.password and not registry.username:
+        raise ConfigError("schema_registry.username", "is required when schema_registry.password is set")

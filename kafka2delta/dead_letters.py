@@ -1,19 +1,52 @@
 """Dead letters: messages that failed a stage. Never dropped silently, never blocking the stream.
 
-This issue records them in the log (one line each, ``topic[partition]@offset``, stage and reason)
-and in the ``kafka2delta_messages_dead_lettered_total`` metric; the dead-letter Delta table plugs in
-behind :class:`DeadLetterSink`.
+They go to a dead-letter Delta table, exactly once like the main table: each dead-letter commit
+carries a txn per Kafka partition (``<app_id>-dlq-<partition>``) whose version means "every dead
+letter of this partition up to this offset is recorded", and it is made BEFORE the main table's
+commit of the same batch. After a crash between the two commits the replay finds, for offsets in
+(main txn, dead-letter txn], which ones are already dead letters (:meth:`DeadLetterTable.recorded_offsets`)
+and takes them as final: no duplicate dead letter, none lost, and no message both a row and a
+dead letter. Optionally each dead letter is also produced to a Kafka topic (at least once: it is
+produced before the table commit, so a retry can produce it twice).
 """
 
 from __future__ import annotations
 
+import base64
+import datetime as dt
+import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from decimal import Decimal
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from confluent_kafka import KafkaException, Producer
+
+from kafka2delta.errors import RetryableError
+from kafka2delta.writer import DeltaWriter, OffsetRange
 
 logger = logging.getLogger(__name__)
-_PREVIEW_BYTES = 120
+
+STAGES = ("deserialize", "transform", "coerce", "write")
+DEAD_LETTER_SCHEMA = pa.schema(
+    [
+        pa.field("topic", pa.string(), nullable=False),
+        pa.field("partition", pa.int32(), nullable=False),
+        pa.field("offset", pa.int64(), nullable=False),
+        pa.field("timestamp", pa.timestamp("us", tz="UTC")),
+        pa.field("key_base64", pa.string()),
+        pa.field("payload_base64", pa.string()),
+        pa.field("payload_json", pa.string()),
+        pa.field("stage", pa.string(), nullable=False),
+        pa.field("error", pa.string(), nullable=False),
+        pa.field("ingested_at", pa.timestamp("us", tz="UTC"), nullable=False),
+        pa.field("date", pa.date32(), nullable=False),
+    ]
+)
+PARTITION_BY = ("date",)
 
 
 @dataclass(frozen=True)
@@ -24,31 +57,172 @@ class DeadLetter:
     stage: str
     reason: str
     payload: bytes
+    key: bytes | None = None
+    timestamp_ms: int | None = None
+    payload_json: str | None = None
+    """The message as JSON text when it parsed: the JSON payload itself, or the decoded document."""
 
     @property
     def where(self) -> str:
         return f"{self.topic}[{self.partition}]@{self.offset}"
 
 
-class DeadLetterSink(Protocol):
-    def record(self, dead_letters: Sequence[DeadLetter]) -> None:
-        """Make the dead letters durable before the offsets that hold them are committed."""
-        ...
+def payload_json(payload: bytes, document: Any = None) -> str | None:
+    """The JSON text shown in ``payload_json``: the decoded document if there is one, else the payload
+    if it is valid JSON, else None."""
+    if document is not None:
+        return json.dumps(document, default=_json_default, ensure_ascii=False, separators=(",", ":"))
+    try:
+        json.loads(payload)
+        return payload.decode("utf-8")
+    except (ValueError, UnicodeDecodeError):
+        return None
 
 
-class LoggingDeadLetterSink:
-    """Logs each dead letter at WARNING with a short preview of its payload."""
+def _json_default(value: Any) -> Any:
+    if isinstance(value, (bytes, bytearray)):
+        return base64.b64encode(value).decode("ascii")
+    if isinstance(value, (dt.datetime, dt.date, dt.time)):
+        return value.isoformat()
+    if isinstance(value, Decimal):
+        return str(value)
+    return repr(value)
 
-    def record(self, dead_letters: Sequence[DeadLetter]) -> None:
-        for letter in dead_letters:
-            preview = letter.payload[:_PREVIEW_BYTES]
-            more = "…" if len(letter.payload) > _PREVIEW_BYTES else ""
-            logger.warning(
-                "dead letter %s stage=%s reason=%s payload=%r%s (%d bytes)",
-                letter.where,
-                letter.stage,
-                letter.reason,
-                preview,
-                more,
-                len(letter.payload),
+
+def _b64(data: bytes | None) -> str | None:
+    return None if data is None else base64.b64encode(data).decode("ascii")
+
+
+def dead_letter_rows(letters: Sequence[DeadLetter], ingested_at: dt.datetime) -> pa.Table:
+    """The dead-letter table's rows for ``letters`` (``date`` is the UTC day they were recorded)."""
+    count = len(letters)
+    return pa.table(
+        {
+            "topic": [letter.topic for letter in letters],
+            "partition": [letter.partition for letter in letters],
+            "offset": [letter.offset for letter in letters],
+            "timestamp": pa.array(
+                [
+                    None if letter.timestamp_ms is None or letter.timestamp_ms < 0 else letter.timestamp_ms * 1000
+                    for letter in letters
+                ],
+                pa.int64(),
+            ).cast(pa.timestamp("us", tz="UTC")),
+            "key_base64": [_b64(letter.key) for letter in letters],
+            "payload_base64": [_b64(letter.payload) for letter in letters],
+            "payload_json": [letter.payload_json for letter in letters],
+            "stage": [letter.stage for letter in letters],
+            "error": [letter.reason for letter in letters],
+            "ingested_at": pa.array([ingested_at] * count, pa.timestamp("us", tz="UTC")),
+            "date": pa.array([ingested_at.date()] * count, pa.date32()),
+        },
+        schema=DEAD_LETTER_SCHEMA,
+    )
+
+
+class DeadLetterTable:
+    """The dead-letter Delta table of one topic, with its own txns per Kafka partition."""
+
+    def __init__(self, writer: DeltaWriter, topic: str) -> None:
+        self._writer = writer
+        self._topic = topic
+
+    @classmethod
+    def open(
+        cls,
+        uri: str,
+        storage_options: Mapping[str, str],
+        app_id: str,
+        topic: str,
+        compression: str,
+        checkpoint_interval: int,
+    ) -> DeadLetterTable:
+        """Open (or create) the table; its txn app ids are ``<app_id>-dlq-<partition>``."""
+        writer = DeltaWriter.open(
+            uri, storage_options, f"{app_id}-dlq", compression, checkpoint_interval, DEAD_LETTER_SCHEMA, PARTITION_BY
+        )
+        return cls(writer, topic)
+
+    @property
+    def uri(self) -> str:
+        return self._writer.uri
+
+    def committed_offsets(self, partitions: Iterable[int]) -> dict[int, int | None]:
+        return self._writer.committed_offsets(partitions)
+
+    def recorded_offsets(self, partition: int, after: int | None, upto: int) -> set[int]:
+        """Offsets in (after, upto] of ``partition`` that are dead letters in the table."""
+        predicate = (
+            (pc.field("topic") == self._topic) & (pc.field("partition") == partition) & (pc.field("offset") <= upto)
+        )
+        if after is not None:
+            predicate = predicate & (pc.field("offset") > after)
+        found = self._writer.scan(["offset"], predicate)
+        return set(found.column("offset").to_pylist())
+
+    def commit(
+        self,
+        letters: Mapping[int, Sequence[DeadLetter]],
+        expected: Mapping[int, int | None],
+        versions: Mapping[int, int],
+        metadata: dict[str, Any],
+    ) -> int:
+        """Record ``letters`` (by Kafka partition) and set the partitions' txns to ``versions`` in one commit.
+
+        Raises CommitConflict, SchemaChanged (the table was altered) or RetryableError like the main table.
+        """
+        now = dt.datetime.now(dt.UTC)
+        actions = []
+        for partition, batch in sorted(letters.items()):
+            if batch:
+                offsets = OffsetRange(min(lt.offset for lt in batch), max(lt.offset for lt in batch))
+                actions += self._writer.write_files(self._topic, partition, offsets, dead_letter_rows(batch, now))
+        return self._writer.commit(actions, expected, versions, metadata)
+
+
+class DeadLetterTopic:
+    """Produces dead letters to a Kafka topic: the original key and payload, the reason in headers."""
+
+    def __init__(self, bootstrap_servers: str, settings: Mapping[str, str], topic: str) -> None:
+        self._topic = topic
+        self._producer = Producer(
+            {
+                **{k: v for k, v in settings.items() if not k.startswith(("partition.", "queued.", "fetch."))},
+                "bootstrap.servers": bootstrap_servers,
+                "enable.idempotence": True,
+                "linger.ms": 20,
+            }
+        )
+
+    def produce(self, letters: Sequence[DeadLetter]) -> None:
+        """Deliver every letter or raise RetryableError (the caller holds the offsets and retries)."""
+        failures: list[str] = []
+
+        def delivered(error: Any, message: Any) -> None:
+            if error is not None:
+                failures.append(str(error))
+
+        try:
+            for letter in letters:
+                headers: list[tuple[str, str | bytes | None]] = [
+                    ("kafka2delta.error", letter.reason.encode()),
+                    ("kafka2delta.stage", letter.stage.encode()),
+                    ("kafka2delta.topic", letter.topic.encode()),
+                    ("kafka2delta.partition", str(letter.partition).encode()),
+                    ("kafka2delta.offset", str(letter.offset).encode()),
+                ]
+                while True:
+                    try:
+                        self._producer.produce(
+                            self._topic, value=letter.payload, key=letter.key, headers=headers, on_delivery=delivered
+                        )
+                        break
+                    except BufferError:
+                        self._producer.poll(0.1)
+            remaining = self._producer.flush(30)
+        except KafkaException as exc:
+            raise RetryableError(f"producing dead letters to {self._topic}: {exc}") from exc
+        if remaining or failures:
+            raise RetryableError(
+                f"producing dead letters to {self._topic}: {remaining} undelivered, errors {failures[:3]}"
             )

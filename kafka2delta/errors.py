@@ -7,6 +7,7 @@
      ├── MessageError         one message cannot be handled; it becomes a dead letter
      ├── RetryableError       storage or broker hiccup; back off and retry, offsets stay put
      ├── CommitConflict       another writer moved a partition's txn version; resync from the log
+     ├── SchemaChanged        someone else changed the table's schema; rebuild the stages and replay
      └── FatalError           the daemon cannot go on; exit non-zero
 
 Third-party exceptions are caught only in their adapter (``kafka.py``, ``writer.py``) and
@@ -49,6 +50,14 @@ class CommitConflict(Kafka2DeltaError):
         moved = ", ".join(f"{p}->{v}" for p, v in sorted(partitions.items()))
         super().__init__(f"txn versions moved under us for partitions {moved}")
         self.partitions = partitions
+
+
+class SchemaChanged(Kafka2DeltaError):
+    """The table's schema is not the one the buffered rows were fitted to (another writer changed it)."""
+
+    def __init__(self, uri: str, schema: object) -> None:
+        super().__init__(f"the schema of {uri} changed under us")
+        self.schema = schema
 
 
 class FatalError(Kafka2DeltaError):

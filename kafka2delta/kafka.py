@@ -133,10 +133,15 @@ class KafkaSource:
             assert partition is not None and offset is not None  # set on every non-error message
             group = batch.partitions.get(partition)
             if group is None:
-                group = batch.partitions[partition] = PartitionMessages(self.topic, partition, [], [], [])
+                group = batch.partitions[partition] = PartitionMessages(self.topic, partition, [], [], [], [], [], [])
+            timestamp_type, timestamp = message.timestamp()
             group.offsets.append(offset)
             group.payloads.append(message.value())
-            group.timestamps_ms.append(message.timestamp()[1])
+            group.timestamps_ms.append(timestamp)
+            group.keys.append(message.key())  # type: ignore[union-attr]  # created as lists just above
+            group.headers.append(message.headers())  # type: ignore[union-attr,arg-type]  # a list of tuples when read
+            # librdkafka counts 0 none, 1 create, 2 log-append; Kafka (and kafka.timestamp_type) -1, 0, 1.
+            group.timestamp_types.append(timestamp_type - 1)  # type: ignore[union-attr]
             batch.count += 1
         return batch
 

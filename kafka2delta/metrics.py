@@ -19,7 +19,8 @@ class Metrics:
         self._consumed = Counter(f"{_PREFIX}_messages_consumed", "Messages fetched from Kafka.", tp, registry=r)
         self._skipped = Counter(
             f"{_PREFIX}_messages_skipped",
-            "Messages skipped: duplicate (already committed) or empty payload.",
+            "Messages skipped: duplicate (already taken), empty payload, filtered, or dead_letter_recorded "
+            "(a dead letter recorded before a crash).",
             ("topic", "partition", "reason"),
             registry=r,
         )
@@ -50,6 +51,24 @@ class Metrics:
             f"{_PREFIX}_offsets_out_of_range",
             "Partitions whose committed offset was no longer on the broker.",
             tp,
+            registry=r,
+        )
+        self._unknown_fields = Counter(
+            f"{_PREFIX}_unknown_fields_dropped",
+            "Field values dropped because the table has no column for them (schema_evolution = none).",
+            ("topic",),
+            registry=r,
+        )
+        self._columns_added = Counter(
+            f"{_PREFIX}_columns_added",
+            "Columns (or nested fields) added to the table by schema evolution (merge).",
+            ("topic",),
+            registry=r,
+        )
+        self._schema_changes = Counter(
+            f"{_PREFIX}_schema_changes",
+            "Schema changes made by another writer, each followed by a replay of the pending messages.",
+            ("topic",),
             registry=r,
         )
         self._commit_seconds = Histogram(
@@ -94,6 +113,16 @@ class Metrics:
         self._bytes.labels(topic).inc(nbytes)
         self._version.set(version)
         self._commit_seconds.observe(seconds)
+
+    def unknown_fields(self, topic: str, count: int) -> None:
+        if count:
+            self._unknown_fields.labels(topic).inc(count)
+
+    def columns_added(self, topic: str, count: int) -> None:
+        self._columns_added.labels(topic).inc(count)
+
+    def schema_change(self, topic: str) -> None:
+        self._schema_changes.labels(topic).inc()
 
     def commit_conflict(self, topic: str, partition: int) -> None:
         self._conflicts.labels(topic, str(partition)).inc()

@@ -1,18 +1,36 @@
-"""The pure core: the messages of one partition → rows in the table schema + dead letters.
+"""The pure core: the messages of one partition → rows in the table schema + dead letters + skips.
 
-deserialize → (transforms, next issue) → coerce. No Kafka, no Delta, no clock: unit tests drive it.
+deserialize → transform (and filter) → evolve the schema (``merge``) → coerce. No Kafka, no Delta,
+no clock: unit tests drive it directly.
+
+Every stage has two lanes. The fast lane works on one Arrow table for the whole batch; the
+reference lane works on one Python document per message. A message the fast lane declines at any
+stage starts again in the reference lane from its payload, and only the reference lane makes dead
+letters, so the reason a message fails is always the reference lane's. A message's outcome depends
+on the message alone (and the config and table schema), never on its neighbours in the batch:
+that is what makes a replay after a crash produce the same rows and the same dead letters.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import pyarrow as pa
 
-from kafka2delta.batches import PartitionMessages, StageResult
-from kafka2delta.coercions import coerce
-from kafka2delta.dead_letters import DeadLetter
-from kafka2delta.serialization import Deserializer
+from kafka2delta.batches import PartitionMessages, isolate_failures
+from kafka2delta.coercions import CoercionOptions, coerce_document, coerce_table
+from kafka2delta.dead_letters import DeadLetter, payload_json
+from kafka2delta.errors import MessageError
+from kafka2delta.schema import conform, documents_schema, evolve
+from kafka2delta.serialization import Decoded, Deserializer
+from kafka2delta.transforms import Transformer
+
+logger = logging.getLogger(__name__)
+
+WRITE_STAGE = "write"
 
 
 @dataclass
@@ -21,51 +39,297 @@ class ProcessedPartition:
 
     partition: int
     rows: pa.Table
+    """Rows in the pipeline's schema at the end of the call, in offset order."""
+    row_offsets: list[int]
+    """The Kafka offset of each row."""
     dead_letters: list[DeadLetter]
     skipped_empty: int
     first_offset: int
     last_offset: int
     max_timestamp_ms: int
+    skipped_filtered: int = 0
+    unknown_fields: int = 0
+    """Values dropped because the table has no column for them (``schema_evolution = "none"``)."""
+    added_columns: list[str] = field(default_factory=list)
+    """Columns (dotted paths) this batch added to the schema (``schema_evolution = "merge"``)."""
+
+
+def read_type(data_type: pa.DataType, path: str, epoch_columns: frozenset[str]) -> pa.DataType:
+    """The type Arrow's JSON reader should produce for a table column of ``data_type``.
+
+    Temporal columns are read as strings (RFC 3339 text) and parsed by the coercion stage, except
+    the columns ``coercions.epoch_units`` names, which are read as numbers (epoch values). Binary
+    columns are read as strings (base64). Arrow reads decimals from JSON numbers and strings itself.
+    """
+    if pa.types.is_temporal(data_type):
+        return pa.float64() if path in epoch_columns else pa.string()
+    if pa.types.is_binary(data_type) or pa.types.is_large_binary(data_type):
+        return pa.string()
+    if pa.types.is_struct(data_type):
+        return pa.struct([pa.field(f.name, read_type(f.type, f"{path}.{f.name}", epoch_columns)) for f in data_type])
+    if pa.types.is_list(data_type) or pa.types.is_large_list(data_type):
+        return pa.list_(read_type(data_type.value_type, path, epoch_columns))
+    return data_type
+
+
+def read_schema(
+    table_schema: pa.Schema, sources: Sequence[tuple[str, pa.DataType | None]], epoch_columns: frozenset[str]
+) -> pa.Schema:
+    """The table's columns as the JSON reader should read them, plus the paths transforms read."""
+    fields = {f.name: read_type(f.type, f.name, epoch_columns) for f in table_schema}
+    for path, wanted in sources:
+        if wanted is not None:
+            _place(fields, path.split("."), wanted)
+    return pa.schema([pa.field(name, t) for name, t in fields.items()])
+
+
+def _place(fields: dict[str, pa.DataType], parts: list[str], wanted: pa.DataType) -> None:
+    """Put ``wanted`` at the dotted path in ``fields``, building structs; what is there already wins."""
+    head, rest = parts[0], parts[1:]
+    current = fields.get(head)
+    if not rest:
+        fields.setdefault(head, wanted)
+        return
+    if current is None:
+        members: dict[str, pa.DataType] = {}
+    elif pa.types.is_struct(current):
+        members = {f.name: f.type for f in current}
+    else:
+        return  # the path runs through a scalar column: the column's type wins
+    _place(members, rest, wanted)
+    fields[head] = pa.struct([pa.field(name, t) for name, t in members.items()])
 
 
 class Pipeline:
-    def __init__(self, deserializer: Deserializer, table_schema: pa.Schema) -> None:
+    def __init__(
+        self,
+        deserializer: Deserializer,
+        table_schema: pa.Schema,
+        transformer: Transformer | None = None,
+        options: CoercionOptions | None = None,
+        schema_evolution: Literal["none", "merge"] = "none",
+    ) -> None:
         self._deserializer = deserializer
+        self._transformer = transformer if transformer is not None and transformer.active else None
+        self._options = options or CoercionOptions()
+        self._merge = schema_evolution == "merge"
+        self._epoch_columns = frozenset(self._options.epoch_units)
         self._schema = table_schema
+        self.set_schema(table_schema)
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The schema rows are fitted to: the table's, plus columns this pipeline added (merge)."""
+        return self._schema
+
+    def set_schema(self, schema: pa.Schema) -> None:
+        """Fit rows to ``schema`` from now on (the table changed, or this pipeline evolved it)."""
+        self._schema = schema
+        sources = self._transformer.source_fields(schema) if self._transformer else []
+        self._deserializer.set_read_schema(read_schema(schema, sources, self._epoch_columns), schema)
 
     def process(self, messages: PartitionMessages) -> ProcessedPartition:
         """Every input message ends as exactly one of: a row, a dead letter, a counted skip."""
+        outcome = self._run(messages, may_reread=True)
+        if outcome.reread:
+            # New columns were typed from what Arrow's JSON reader guessed; read the batch again with
+            # their real types (a string that looks like a timestamp stays a string).
+            added = outcome.added
+            outcome = self._run(messages, may_reread=False)
+            outcome.added = added + outcome.added
+        return outcome.result(messages, self._schema)
+
+    # --- one pass ---------------------------------------------------------------------------
+
+    def _run(self, messages: PartitionMessages, may_reread: bool) -> _Outcome:
+        outcome = _Outcome(messages)
         non_empty = [i for i, payload in enumerate(messages.payloads) if payload]
-        payloads = [messages.payloads[i] or b"" for i in non_empty]
-        dead_letters: list[DeadLetter] = []
+        outcome.skipped_empty = len(messages) - len(non_empty)
+        decoded = self._deserializer.decode(messages, non_empty)
+        for position, error in decoded.failures:
+            outcome.dead(position, error)
 
-        def collect(result: StageResult, positions: list[int]) -> list[int]:
-            """Record the failures of a stage; return the input positions of the rows that passed."""
-            for index, error in result.failures:
-                position = positions[index]
-                dead_letters.append(
-                    DeadLetter(
-                        messages.topic,
-                        messages.partition,
-                        messages.offsets[position],
-                        error.stage,
-                        error.reason,
-                        messages.payloads[position] or b"",
-                    )
-                )
-            return [positions[i] for i in result.indices]
+        fast_table: pa.Table | None = decoded.table
+        fast_positions = list(decoded.fast)
+        fast_set = set(fast_positions)
+        slow: dict[int, dict[str, Any] | None] = {p: d for p, d in decoded.documents.items() if p not in fast_set}
 
-        decoded = self._deserializer.decode(payloads)
-        positions = collect(decoded, non_empty)
-        coerced = coerce(decoded.rows, self._schema)
-        collect(coerced, positions)
-        dead_letters.sort(key=lambda letter: letter.offset)
+        transformer = self._transformer
+        if transformer is not None and fast_table is not None:
+            if transformer.uses_interpreter:
+                slow.update(dict.fromkeys(fast_positions))
+                fast_table, fast_positions = None, []
+            else:
+                transformed = transformer.apply_table(fast_table, messages, fast_positions, decoded.keys)
+                outcome.filtered += len(transformed.filtered)
+                slow.update(dict.fromkeys(fast_positions[i] for i in transformed.fallback))
+                fast_positions = [fast_positions[i] for i in transformed.kept]
+                fast_table = transformed.table
+        documents = self._slow_documents(messages, decoded, slow, outcome)
+
+        if self._merge and self._evolve(fast_table, decoded.typed, may_reread, documents, outcome):
+            return outcome  # reread: this pass's results are discarded
+
+        if fast_table is not None and fast_positions:
+            coerced = coerce_table(fast_table, self._schema, self._options)
+            outcome.unknown_fields += coerced.unknown_fields
+            outcome.add_rows(coerced.rows, [fast_positions[i] for i in coerced.kept])
+            declined = {fast_positions[i]: decoded.documents.get(fast_positions[i]) for i in coerced.fallback}
+            documents.update(self._slow_documents(messages, decoded, declined, outcome))
+        self._coerce_documents(messages, documents, outcome)
+        return outcome
+
+    def _slow_documents(
+        self,
+        messages: PartitionMessages,
+        decoded: Decoded,
+        slow: Mapping[int, dict[str, Any] | None],
+        outcome: _Outcome,
+    ) -> dict[int, dict[str, Any]]:
+        """The reference lane up to coercion: decode (when not decoded yet) and transform, per message."""
+        documents: dict[int, dict[str, Any]] = {}
+        for position in sorted(slow):
+            try:
+                document = slow[position]
+                if document is None:
+                    document = decoded.documents.get(position) or self._deserializer.document(messages, position)
+                if self._transformer is not None:
+                    key = decoded.keys[position] if decoded.keys is not None else None
+                    document = self._transformer.apply_document(document, messages, position, key)
+                    if document is None:
+                        outcome.filtered += 1
+                        continue
+            except MessageError as error:
+                outcome.dead(position, error, self._original_document(messages, position))
+                continue
+            documents[position] = document
+        return documents
+
+    def _evolve(
+        self,
+        fast_table: pa.Table | None,
+        typed: bool,
+        may_reread: bool,
+        documents: Mapping[int, dict[str, Any]],
+        outcome: _Outcome,
+    ) -> bool:
+        """Add the fields the batch carries that the schema lacks; True when the batch must be read again."""
+        schema = self._schema
+        reread = False
+        if fast_table is not None and fast_table.num_rows:
+            evolution = evolve(schema, fast_table.schema, inferred=not typed)
+            schema, reread = evolution.schema, bool(evolution.added) and not typed and may_reread
+            outcome.note_evolution(evolution.added, evolution.rejected)
+        if documents:
+            evolution = evolve(schema, documents_schema(documents.values()), inferred=False)
+            schema = evolution.schema
+            outcome.note_evolution(evolution.added, evolution.rejected)
+        if schema is not self._schema:
+            logger.info("schema evolution: adding %s", ", ".join(outcome.added))
+            self.set_schema(schema)
+        outcome.reread = reread
+        return reread
+
+    def _coerce_documents(
+        self, messages: PartitionMessages, documents: Mapping[int, dict[str, Any]], outcome: _Outcome
+    ) -> None:
+        rows: list[dict[str, Any]] = []
+        positions: list[int] = []
+        for position, document in sorted(documents.items()):
+            try:
+                row, unknown = coerce_document(document, self._schema, self._options)
+            except MessageError as error:
+                outcome.dead(position, error, self._original_document(messages, position))
+                continue
+            outcome.unknown_fields += unknown
+            rows.append(row)
+            positions.append(position)
+        if not rows:
+            return
+
+        def build(chunk: list[int]) -> pa.Table:
+            return pa.Table.from_pylist([rows[i] for i in chunk], schema=self._schema)
+
+        # The reference lane promises rows Arrow accepts; a row it does not is still only one dead letter.
+        errors = (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OverflowError, ValueError, TypeError)
+        pieces, failures = isolate_failures(list(range(len(rows))), build, errors)
+        for chunk, table in pieces:
+            outcome.add_rows(table, [positions[i] for i in chunk])
+        for index, exc in failures:
+            position = positions[index]
+            reason = f"the row cannot be built in the table schema: {exc}"
+            outcome.dead(position, MessageError(WRITE_STAGE, reason), self._original_document(messages, position))
+
+    def _original_document(self, messages: PartitionMessages, position: int) -> dict[str, Any] | None:
+        """The message decoded afresh, for the dead letter's ``payload_json`` (None if it does not decode)."""
+        try:
+            return self._deserializer.document(messages, position)
+        except MessageError:
+            return None
+
+
+class _Outcome:
+    """The results of one pass over a batch, by input position."""
+
+    def __init__(self, messages: PartitionMessages) -> None:
+        self._messages = messages
+        self._tables: list[pa.Table] = []
+        self._positions: list[int] = []
+        self.dead_letters: list[DeadLetter] = []
+        self.skipped_empty = 0
+        self.filtered = 0
+        self.unknown_fields = 0
+        self.added: list[str] = []
+        self.rejected: list[str] = []
+        self.reread = False
+
+    def dead(self, position: int, error: MessageError, document: Any = None) -> None:
+        messages = self._messages
+        payload = messages.payloads[position] or b""
+        self.dead_letters.append(
+            DeadLetter(
+                messages.topic,
+                messages.partition,
+                messages.offsets[position],
+                error.stage,
+                error.reason,
+                payload,
+                messages.key(position),
+                messages.timestamps_ms[position],
+                payload_json(payload, document),
+            )
+        )
+
+    def add_rows(self, table: pa.Table, positions: list[int]) -> None:
+        if positions:
+            self._tables.append(table)
+            self._positions.extend(positions)
+
+    def note_evolution(self, added: list[str], rejected: list[str]) -> None:
+        self.added.extend(added)
+        for path in rejected:
+            if path not in self.rejected:
+                self.rejected.append(path)
+                logger.warning("field %r cannot become a column (a name Delta refuses, or a case twin): dropped", path)
+
+    def result(self, messages: PartitionMessages, schema: pa.Schema) -> ProcessedPartition:
+        tables = [conform(table, schema) for table in self._tables]
+        rows = pa.concat_tables(tables) if tables else schema.empty_table()
+        order = sorted(range(len(self._positions)), key=self._positions.__getitem__)
+        if order != list(range(len(order))):
+            rows = rows.take(pa.array(order, pa.int64()))
+        positions = [self._positions[i] for i in order]
+        self.dead_letters.sort(key=lambda letter: letter.offset)
         return ProcessedPartition(
             partition=messages.partition,
-            rows=coerced.rows,
-            dead_letters=dead_letters,
-            skipped_empty=len(messages) - len(non_empty),
+            rows=rows,
+            row_offsets=[messages.offsets[p] for p in positions],
+            dead_letters=self.dead_letters,
+            skipped_empty=self.skipped_empty,
             first_offset=messages.offsets[0],
             last_offset=messages.offsets[-1],
             max_timestamp_ms=max(messages.timestamps_ms),
+            skipped_filtered=self.filtered,
+            unknown_fields=self.unknown_fields,
+            added_columns=self.added,
         )

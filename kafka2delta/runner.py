@@ -1,48 +1,79 @@
 """The loop. It reads like the product's paragraph:
 
 assignment (start each partition at the table's txn version + 1) → fetch a batch → drop offsets
-already taken → deserialize, coerce (the pure pipeline) → buffer → when the first of latency /
-records / bytes is reached: write Parquet, record dead letters, make ONE Delta commit with the
-files and a txn per partition → then, for lag tools only, commit Kafka group offsets.
+already taken → deserialize, transform, coerce (the pure pipeline) → buffer → when the first of
+latency / records / bytes is reached: write Parquet, commit the dead letters to their table, make
+ONE Delta commit with the files and a txn per partition → then, for lag tools only, commit Kafka
+group offsets.
 
 The commit order, and what a crash between two steps leaves behind:
 
 1. Parquet files written           → crash: orphan files, never referenced; replay rewrites them.
-2. dead letters recorded           → crash: replay finds them recorded (the sink is idempotent).
+2. dead-letter commit (own txns)   → crash: replay reads which offsets in (main txn, dead-letter txn]
+                                     are dead letters already and takes them as final.
 3. Delta commit (files + txns)     → the point of no return; replay starts after the txn versions.
 4. Kafka group offsets (async)     → crash: lag tools lag a little; recovery never reads them.
 
 A commit conflict (another writer moved a partition's txn) drops that partition's data and seeks
-to the table's version + 1. A transient storage error retries with backoff, offsets held.
+to the table's version + 1; a schema change made by someone else drops every pending partition's
+data, refits the stages to the new schema and replays. A transient storage error retries with
+backoff, offsets held.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TypeVar
+from typing import Any, Protocol, TypeVar
 
+import pyarrow as pa
 from deltalake.transaction import AddAction
 
 from kafka2delta import faults
 from kafka2delta.batches import PartitionMessages
 from kafka2delta.config import Config
-from kafka2delta.dead_letters import DeadLetterSink
-from kafka2delta.errors import CommitConflict, FatalError, RetryableError
+from kafka2delta.dead_letters import DeadLetter
+from kafka2delta.errors import CommitConflict, FatalError, RetryableError, SchemaChanged
 from kafka2delta.kafka import ConsumedBatch, KafkaSource
 from kafka2delta.metrics import Metrics
 from kafka2delta.offsets import LogicalOffset, start_position
-from kafka2delta.pipeline import Pipeline
+from kafka2delta.pipeline import WRITE_STAGE, Pipeline, ProcessedPartition
+from kafka2delta.schema import evolve
 from kafka2delta.value_buffers import FlushLimits, PartitionBuffer, ValueBuffers
-from kafka2delta.writer import DeltaWriter, OffsetRange
+from kafka2delta.writer import DeltaWriter, OffsetRange, RowsRejected
 
 logger = logging.getLogger(__name__)
 
 _MAX_BACKOFF_S = 30.0
+_LOGGED_DEAD_LETTERS = 10  # per commit; the rest are in the dead-letter table and the metrics
 T = TypeVar("T")
+
+
+class DeadLetterStore(Protocol):
+    """The dead-letter table as the loop sees it (see :class:`kafka2delta.dead_letters.DeadLetterTable`)."""
+
+    @property
+    def uri(self) -> str: ...
+
+    def committed_offsets(self, partitions: Iterable[int]) -> dict[int, int | None]: ...
+
+    def recorded_offsets(self, partition: int, after: int | None, upto: int) -> set[int]: ...
+
+    def commit(
+        self,
+        letters: Mapping[int, Sequence[DeadLetter]],
+        expected: Mapping[int, int | None],
+        versions: Mapping[int, int],
+        metadata: dict[str, Any],
+    ) -> int: ...
+
+
+class DeadLetterProducer(Protocol):
+    def produce(self, letters: Sequence[DeadLetter]) -> None: ...
 
 
 class Ingestor:
@@ -54,8 +85,9 @@ class Ingestor:
         source: KafkaSource,
         writer: DeltaWriter,
         pipeline: Pipeline,
-        dead_letters: DeadLetterSink,
+        dead_letters: DeadLetterStore,
         metrics: Metrics,
+        dead_letter_topic: DeadLetterProducer | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
@@ -65,7 +97,10 @@ class Ingestor:
         self._writer = writer
         self._pipeline = pipeline
         self._dead_letters = dead_letters
+        self._dead_letter_topic = dead_letter_topic
         self._metrics = metrics
+        # The table schema the pipeline was last fitted to; a different one at commit time is someone else's change.
+        self._table_schema: pa.Schema = writer.schema
         self._clock = clock
         self._sleep = sleep
         ingest = config.ingest
@@ -77,9 +112,12 @@ class Ingestor:
                 ingest.max_buffered_bytes,
             )
         )
-        # Per assigned partition: the txn version in the table, and the last offset taken (committed or buffered).
+        # Per assigned partition: the txn versions in the main and dead-letter tables, the last offset taken
+        # (committed or buffered), and the offsets after the main txn that are dead letters already.
         self._committed: dict[int, int | None] = {}
+        self._dead_letters_committed: dict[int, int | None] = {}
         self._positions: dict[int, int | None] = {}
+        self._recorded: dict[int, set[int]] = {}
         # For --until-caught-up: the high watermark when a partition was first assigned, and end-of-partition events.
         self._targets: dict[int, int] = {}
         self._reached: dict[int, int] = {}
@@ -140,8 +178,10 @@ class Ingestor:
             while len(fresh) and partition not in self._resynced:
                 room = self._buffers.room(partition)
                 piece, fresh = (fresh, fresh.select([])) if len(fresh) <= room else fresh.split(room)
-                processed = self._pipeline.process(piece)
+                processed = self._process(piece)
                 self._metrics.skipped(self._topic, partition, "empty", processed.skipped_empty)
+                self._metrics.skipped(self._topic, partition, "filtered", processed.skipped_filtered)
+                self._metrics.unknown_fields(self._topic, processed.unknown_fields)
                 self._buffers.add(processed, len(piece), now)
                 self._positions[partition] = processed.last_offset
                 self._progress.messages += len(piece)
@@ -158,6 +198,23 @@ class Ingestor:
         keep = [i for i, offset in enumerate(messages.offsets) if offset > position]
         self._metrics.skipped(self._topic, messages.partition, "duplicate", len(messages) - len(keep))
         return messages.select(keep)
+
+    def _process(self, piece: PartitionMessages) -> ProcessedPartition:
+        """Run the pipeline on ``piece``, except messages that are dead letters already: recorded by a
+        dead-letter commit whose main commit a crash lost. They are final; they only advance the txn."""
+        recorded = self._recorded.get(piece.partition)
+        todo = piece
+        if recorded:
+            todo = piece.select([i for i, offset in enumerate(piece.offsets) if offset not in recorded])
+            self._metrics.skipped(self._topic, piece.partition, "dead_letter_recorded", len(piece) - len(todo))
+        if len(todo):
+            processed = self._retrying("processing", partial(self._pipeline.process, todo))
+        else:
+            processed = ProcessedPartition(
+                piece.partition, self._pipeline.schema.empty_table(), [], [], 0, 0, 0, max(piece.timestamps_ms)
+            )
+        processed.first_offset, processed.last_offset = piece.offsets[0], piece.offsets[-1]
+        return processed
 
     def _caught_up(self) -> bool:
         """Every assigned partition has been taken up to the high watermark it had when first assigned."""
@@ -191,7 +248,9 @@ class Ingestor:
                         in_log,
                         dropped.messages if dropped else 0,
                     )
-                    self._resync(partition, in_log)
+                    self._resync(partition)
+            except SchemaChanged as changed:
+                self._schema_changed(changed, pending)
             except RetryableError as exc:
                 attempt += 1
                 self._backoff(attempt, f"commit ({reason})", exc)
@@ -200,6 +259,9 @@ class Ingestor:
         taken = pending.buffers
         for partition, buffer in taken.items():
             self._committed[partition] = buffer.last_offset
+            recorded = self._recorded.get(partition)
+            if recorded and buffer.last_offset >= max(recorded):
+                del self._recorded[partition]  # the main txn covers them now
         faults.point("after_delta_commit")
         self._source.commit_group_offsets({p: b.last_offset + 1 for p, b in taken.items()})
         faults.point("after_kafka_commit")
@@ -207,39 +269,37 @@ class Ingestor:
         rows = {p: b.rows for p, b in taken.items()}
         files = [action for actions in pending.files.values() for action in actions]
         self._metrics.committed(self._topic, reason, rows, len(files), sum(a.size for a in files), version, seconds)
+        letters = sum(len(b.dead_letters) for b in taken.values())
         self._metrics.buffered(self._buffers.buffered_messages)
         self._progress.commits += 1
         self._progress.rows += sum(rows.values())
+        self._progress.dead_letters += letters
+        self._progress.filtered += sum(b.filtered for b in taken.values())
+        self._progress.unknown_fields += sum(b.unknown_fields for b in taken.values())
         logger.info(
-            "committed version %d (%s): %s, %d rows, %d dead letters in %.3f s",
+            "committed version %d (%s): %s, %d rows, %d dead letters, %d filtered in %.3f s",
             version,
             reason,
             ", ".join(f"{self._topic}[{p}]@{b.first_offset}..{b.last_offset}" for p, b in taken.items()),
             sum(rows.values()),
-            sum(len(b.dead_letters) for b in taken.values()),
+            letters,
+            sum(b.filtered for b in taken.values()),
             seconds,
         )
 
     def _commit(self, pending: _PendingCommit) -> int:
         """Steps 1-3 of the commit order. What an earlier attempt already did is not done again."""
-        taken = pending.buffers
-        for partition, buffer in taken.items():
-            if partition not in pending.files:
-                offsets = OffsetRange(buffer.first_offset, buffer.last_offset)
-                rows = buffer.to_table(self._writer.schema)
-                pending.files[partition] = (
-                    self._writer.write_files(self._topic, partition, offsets, rows) if buffer.rows else []
-                )
+        if not pending.schema_checked:
+            self._check_schema()
+            pending.schema_checked = True
+        schema = self._pipeline.schema
+        evolving = not schema.equals(self._table_schema, check_metadata=False)
+        if not evolving:
+            self._write_files(pending, schema)  # an evolution commit writes its files in step 3
         faults.point("after_parquet_write")
-        letters = [
-            letter for p, buffer in taken.items() if p not in pending.letters_recorded for letter in buffer.dead_letters
-        ]
-        if letters:
-            self._dead_letters.record(letters)
-            for letter in letters:
-                self._metrics.dead_lettered(self._topic, letter.stage)
-        pending.letters_recorded.update(taken)
+        self._commit_dead_letters(pending)
         faults.point("after_dead_letter_commit")
+        taken = pending.buffers
         ranges = {p: OffsetRange(b.first_offset, b.last_offset) for p, b in taken.items()}
         metadata = {
             "app_id": self._config.app_id,
@@ -248,19 +308,156 @@ class Ingestor:
             "rows": sum(b.rows for b in taken.values()),
             "dead_letters": sum(len(b.dead_letters) for b in taken.values()),
         }
-        actions = [action for partition in taken for action in pending.files[partition]]
-        return self._writer.commit(actions, {p: self._committed[p] for p in taken}, ranges, metadata)
+        expected = {p: self._committed[p] for p in taken}
+        versions = {p: r.last for p, r in ranges.items()}
+        if not evolving:
+            actions = [action for partition in taken for action in pending.files[partition]]
+            return self._writer.commit(actions, expected, versions, metadata)
+        rows = pa.concat_tables([b.to_table(schema) for b in taken.values()]) if taken else schema.empty_table()
+        added = evolve(self._table_schema, schema, inferred=False).added
+        metadata["added_columns"] = added
+        version = self._writer.commit_evolution(rows, expected, versions, metadata)
+        self._metrics.columns_added(self._topic, len(added))
+        logger.info("schema evolution committed in version %d: the table schema is now %s", version, schema)
+        self._table_schema = self._writer.schema
+        self._pipeline.set_schema(self._writer.schema)
+        return version
 
-    def _resync(self, partition: int, in_log: int | None) -> None:
-        """Forget what we hold for ``partition`` and fetch again from the table's version + 1."""
+    def _write_files(self, pending: _PendingCommit, schema: pa.Schema) -> None:
+        """Step 1: Parquet files per Kafka partition; rows Parquet refuses become dead letters (stage write)."""
+        for partition, buffer in pending.buffers.items():
+            if partition in pending.files:
+                continue
+            offsets = OffsetRange(buffer.first_offset, buffer.last_offset)
+            while True:
+                rows = buffer.to_table(schema)
+                try:
+                    pending.files[partition] = (
+                        self._writer.write_files(self._topic, partition, offsets, rows) if buffer.rows else []
+                    )
+                    break
+                except RowsRejected as rejected:
+                    row_offsets = buffer.offsets().to_pylist()
+                    for index, exc in rejected.failures:
+                        letter = DeadLetter(self._topic, partition, row_offsets[index], WRITE_STAGE, str(exc), b"")
+                        buffer.dead_letters.append(letter)
+                        logger.warning("%s: Parquet refused the row: %s", letter.where, exc)
+                    buffer.reject_rows([index for index, _ in rejected.failures], schema)
+
+    def _commit_dead_letters(self, pending: _PendingCommit) -> None:
+        """Step 2: the dead letters of the pending partitions, with their own txns, before the main commit."""
+        letters = {
+            p: b.dead_letters
+            for p, b in pending.buffers.items()
+            if b.dead_letters and p not in pending.letters_recorded
+        }
+        if not letters:
+            return
+        flat = [letter for batch in letters.values() for letter in batch]
+        if self._dead_letter_topic is not None and not pending.letters_produced:
+            self._dead_letter_topic.produce(flat)  # at least once: before the table commit
+            pending.letters_produced = True
+        expected = {p: self._dead_letters_committed[p] for p in letters}
+        # Normally the batch's last offset; a replay that records inside an older window never lowers it.
+        versions = {p: max(pending.buffers[p].last_offset, _or_minus_one(expected[p])) for p in letters}
+        metadata = {
+            "app_id": self._config.app_id,
+            "topic": self._topic,
+            "offsets": {str(p): [pending.buffers[p].first_offset, pending.buffers[p].last_offset] for p in letters},
+            "dead_letters": len(flat),
+        }
+        try:
+            self._dead_letters.commit(letters, expected, versions, metadata)
+        except SchemaChanged as exc:
+            raise FatalError(f"the dead-letter table {self._dead_letters.uri} was altered: {exc}") from exc
+        for partition, version in versions.items():
+            self._dead_letters_committed[partition] = version
+        pending.letters_recorded.update(letters)
+        stages = Counter(letter.stage for letter in flat)
+        for stage, count in stages.items():
+            self._metrics.dead_lettered(self._topic, stage, count)
+        for letter in flat[:_LOGGED_DEAD_LETTERS]:
+            logger.warning("dead letter %s stage=%s reason=%s", letter.where, letter.stage, letter.reason)
+        if len(flat) > _LOGGED_DEAD_LETTERS:
+            logger.warning(
+                "… and %d more dead letters in %s (by stage: %s)",
+                len(flat) - _LOGGED_DEAD_LETTERS,
+                self._dead_letters.uri,
+                dict(stages),
+            )
+
+    def _check_schema(self) -> None:
+        """Raise SchemaChanged when someone else changed the table's schema since the stages were fitted."""
+        latest = self._retrying("reading the table schema", self._writer.refresh_schema)
+        if not latest.equals(self._table_schema, check_metadata=False):
+            raise SchemaChanged(self._writer.uri, latest)
+
+    def _schema_changed(self, changed: SchemaChanged, pending: _PendingCommit) -> None:
+        """Another writer changed the schema: drop what was fitted to the old one, refit, replay it."""
+        schema = changed.schema
+        assert isinstance(schema, pa.Schema)
+        logger.warning(
+            "the schema of %s changed under us: dropping %d pending messages of partitions %s and replaying them; "
+            "new schema: %s",
+            self._writer.uri,
+            sum(b.messages for b in pending.buffers.values()),
+            sorted(pending.buffers),
+            schema,
+        )
+        self._metrics.schema_change(self._topic)
+        self._table_schema = schema
+        self._pipeline.set_schema(schema)
+        for partition in list(pending.buffers):
+            pending.drop(partition)
+            self._resync(partition)
+        # Everything else buffered was fitted to the old schema too.
+        for partition in list(self._positions):
+            if partition in self._buffers:
+                self._resync(partition)
+
+    def _resync(self, partition: int) -> None:
+        """Forget what we hold for ``partition`` and fetch again from the main table's txn version + 1."""
         self._buffers.drop(partition)
         self._resynced.add(partition)
         if partition not in self._positions:
             return
-        self._committed[partition] = in_log
-        self._positions[partition] = in_log
+        main, recorded = self._read_offsets([partition])
+        committed = main[partition]
+        self._committed[partition] = committed
+        self._positions[partition] = committed
+        if recorded.get(partition):
+            self._recorded[partition] = recorded[partition]
+        else:
+            self._recorded.pop(partition, None)
         reset = LogicalOffset(self._config.kafka.auto_offset_reset)
-        self._source.seek(partition, reset if in_log is None else in_log + 1)
+        self._source.seek(partition, reset if committed is None else committed + 1)
+
+    def _read_offsets(self, partitions: list[int]) -> tuple[dict[int, int | None], dict[int, set[int]]]:
+        """The main txn versions of ``partitions``, and per partition the offsets after it that the
+        dead-letter table already holds (non-empty only after a crash between the two commits)."""
+        main = self._retrying("reading txn versions", lambda: self._writer.committed_offsets(partitions))
+        letters = self._retrying(
+            "reading dead-letter txn versions", lambda: self._dead_letters.committed_offsets(partitions)
+        )
+        recorded: dict[int, set[int]] = {}
+        for partition in partitions:
+            self._dead_letters_committed[partition] = letters[partition]
+            last_letter, committed = letters[partition], main[partition]
+            if last_letter is not None and (committed is None or last_letter > committed):
+                recorded[partition] = self._retrying(
+                    "reading recorded dead letters",
+                    partial(self._dead_letters.recorded_offsets, partition, committed, last_letter),
+                )
+                logger.warning(
+                    "%s[%d]: the dead-letter table is ahead of the table (%s > %s): %d dead letters recorded "
+                    "before a crash are final and will not be processed again",
+                    self._topic,
+                    partition,
+                    last_letter,
+                    committed,
+                    len(recorded[partition]),
+                )
+        return main, recorded
 
     def _backoff(self, attempt: int, what: str, exc: Exception) -> None:
         limit = self._config.ingest.max_commit_retries
@@ -285,7 +482,7 @@ class Ingestor:
     def assigned(self, partitions: list[int]) -> dict[int, int | LogicalOffset]:
         self._metrics.rebalance("assigned", len(partitions))
         # Retry here: if this callback failed, the client would assign without our offsets.
-        committed = self._retrying("reading txn versions", lambda: self._writer.committed_offsets(partitions))
+        committed, recorded = self._read_offsets(partitions)
         starts: dict[int, int | LogicalOffset] = {}
         for partition in sorted(partitions):
             low, high = self._retrying("watermarks", partial(self._source.watermarks, partition))
@@ -310,6 +507,8 @@ class Ingestor:
                 )
             self._committed[partition] = committed[partition]
             self._positions[partition] = decision.offset - 1 if isinstance(decision.offset, int) else None
+            if recorded.get(partition):
+                self._recorded[partition] = recorded[partition]
             self._targets.setdefault(partition, high)
             starts[partition] = decision.offset
         self._metrics.assigned(len(self._positions))
@@ -341,7 +540,9 @@ class Ingestor:
         for partition in partitions:
             self._buffers.drop(partition)
             self._committed.pop(partition, None)
+            self._dead_letters_committed.pop(partition, None)
             self._positions.pop(partition, None)
+            self._recorded.pop(partition, None)
         self._metrics.assigned(len(self._positions))
 
     def _offset_out_of_range(self, partition: int) -> None:
@@ -378,9 +579,15 @@ class Ingestor:
                 lags.append(f"{partition}:{high - (committed + 1 if committed is not None else 0)}")
         return (
             f"{self._progress.rate():.0f} msg/s, {self._progress.messages} messages, {self._progress.rows} rows in "
-            f"{self._progress.commits} commits, table version {self._writer.version}, "
-            f"buffered {self._buffers.buffered_messages}, lag {{{', '.join(lags)}}}"
+            f"{self._progress.commits} commits, {self._progress.dead_letters} dead letters, "
+            f"{self._progress.filtered} filtered, {self._progress.unknown_fields} unknown field values dropped, "
+            f"table version {self._writer.version}, buffered {self._buffers.buffered_messages}, "
+            f"lag {{{', '.join(lags)}}}"
         )
+
+
+def _or_minus_one(version: int | None) -> int:
+    return -1 if version is None else version
 
 
 @dataclass
@@ -390,9 +597,12 @@ class _PendingCommit:
     buffers: dict[int, PartitionBuffer]
     files: dict[int, list[AddAction]] = field(default_factory=dict)
     letters_recorded: set[int] = field(default_factory=set)
+    letters_produced: bool = False
+    schema_checked: bool = False
 
     def drop(self, partition: int) -> PartitionBuffer | None:
         self.files.pop(partition, None)
+        self.letters_recorded.discard(partition)
         return self.buffers.pop(partition, None)
 
 
@@ -408,6 +618,9 @@ class _Progress:
         self.messages = 0
         self.rows = 0
         self.commits = 0
+        self.dead_letters = 0
+        self.filtered = 0
+        self.unknown_fields = 0
 
     def rate(self) -> float:
         elapsed = self._clock() - self._started

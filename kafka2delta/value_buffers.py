@@ -12,6 +12,7 @@ import pyarrow as pa
 
 from kafka2delta.dead_letters import DeadLetter
 from kafka2delta.pipeline import ProcessedPartition
+from kafka2delta.schema import conform
 
 
 @dataclass
@@ -21,14 +22,28 @@ class PartitionBuffer:
     last_offset: int
     first_arrival: float
     tables: list[pa.Table] = field(default_factory=list)
+    row_offsets: list[pa.Array] = field(default_factory=list)
     dead_letters: list[DeadLetter] = field(default_factory=list)
     messages: int = 0
     rows: int = 0
     nbytes: int = 0
     max_timestamp_ms: int = 0
+    filtered: int = 0
+    unknown_fields: int = 0
 
     def to_table(self, schema: pa.Schema) -> pa.Table:
-        return pa.concat_tables(self.tables) if self.tables else schema.empty_table()
+        """The buffered rows in ``schema`` (pieces buffered before a column was added get nulls)."""
+        return pa.concat_tables([conform(t, schema) for t in self.tables]) if self.tables else schema.empty_table()
+
+    def offsets(self) -> pa.Array:
+        """The Kafka offset of each buffered row, aligned with :meth:`to_table`."""
+        return pa.concat_arrays(self.row_offsets) if self.row_offsets else pa.array([], pa.int64())
+
+    def reject_rows(self, positions: list[int], schema: pa.Schema) -> None:
+        """Take rows out of the buffer (Parquet refused them; they became dead letters)."""
+        keep = pa.array(sorted(set(range(self.rows)) - set(positions)), pa.int64())
+        table, offsets = self.to_table(schema).take(keep), self.offsets().take(keep)
+        self.tables, self.row_offsets, self.rows = [table], [offsets], table.num_rows
 
 
 @dataclass(frozen=True)
@@ -53,8 +68,11 @@ class ValueBuffers:
         buffer.messages += message_count
         buffer.dead_letters.extend(processed.dead_letters)
         buffer.max_timestamp_ms = max(buffer.max_timestamp_ms, processed.max_timestamp_ms)
+        buffer.filtered += processed.skipped_filtered
+        buffer.unknown_fields += processed.unknown_fields
         if processed.rows.num_rows:
             buffer.tables.append(processed.rows)
+            buffer.row_offsets.append(pa.array(processed.row_offsets, pa.int64()))
             buffer.rows += processed.rows.num_rows
             buffer.nbytes += processed.rows.nbytes
 

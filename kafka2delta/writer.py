@@ -12,20 +12,22 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as pa_ds
 import pyarrow.fs as pa_fs
 import pyarrow.parquet as pq
-from deltalake import CommitProperties, DeltaTable, Transaction
+from deltalake import CommitProperties, DeltaTable, Transaction, WriterProperties, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from deltalake.transaction import AddAction, RemoveAction
 
-from kafka2delta.errors import CommitConflict, ConfigError, FatalError, RetryableError
+from kafka2delta.batches import isolate_failures
+from kafka2delta.errors import CommitConflict, ConfigError, FatalError, RetryableError, SchemaChanged
 from kafka2delta.offsets import CommitOutcome, classify_commit, txn_app_id
 
 logger = logging.getLogger(__name__)
@@ -39,6 +41,23 @@ _PATH_SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123
 class OffsetRange:
     first: int
     last: int
+
+
+class RowsRejected(Exception):
+    """Parquet refused some rows of a batch (never the whole batch for one bad row): they become
+    dead letters (stage ``write``) and the rest is written again."""
+
+    def __init__(self, failures: list[tuple[int, Exception]]) -> None:
+        super().__init__(f"{len(failures)} rows could not be written as Parquet")
+        self.failures = failures
+
+
+# Arrow's data errors (not storage errors, which are OSError and retried).
+_DATA_ERRORS = (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, pa.ArrowCapacityError)
+
+
+def _table_schema(table: DeltaTable) -> pa.Schema:
+    return pa.schema(table.schema().to_arrow())
 
 
 def _partition_value(value: Any) -> str | None:
@@ -146,9 +165,9 @@ class DeltaWriter:
         self._compression = compression
         self._checkpoint_interval = checkpoint_interval
         self._filesystem, self._root = _filesystem(uri, storage_options)
-        self.schema: pa.Schema = pa.schema(table.schema().to_arrow())
+        self.schema: pa.Schema = _table_schema(table)
+        """The table schema as of the last refresh or commit of this writer."""
         self.partition_by: list[str] = list(table.metadata().partition_columns)
-        self._data_schema = pa.schema([f for f in self.schema if f.name not in self.partition_by])
         retention = table.metadata().configuration.get("delta.setTransactionRetentionDuration")
         if retention:
             logger.warning(
@@ -193,6 +212,19 @@ class DeltaWriter:
     def version(self) -> int:
         return self._table.version()
 
+    @property
+    def uri(self) -> str:
+        return self._uri
+
+    def refresh_schema(self) -> pa.Schema:
+        """Read the newest table version and return its schema (also kept in :attr:`schema`)."""
+        try:
+            self._table.update_incremental()
+        except (DeltaError, OSError) as exc:
+            raise RetryableError(f"reading {self._uri}: {exc}") from exc
+        self.schema = _table_schema(self._table)
+        return self.schema
+
     def committed_offsets(self, partitions: Iterable[int]) -> dict[int, int | None]:
         """The txn versions of ``partitions`` in the newest table version."""
         try:
@@ -202,9 +234,17 @@ class DeltaWriter:
             raise RetryableError(f"reading txn versions from {self._uri}: {exc}") from exc
 
     def write_files(self, topic: str, partition: int, offsets: OffsetRange, rows: pa.Table) -> list[AddAction]:
-        """Write the rows of one Kafka partition as Parquet (one file per table partition value)."""
+        """Write the rows of one Kafka partition as Parquet (one file per table partition value).
+
+        Raises :class:`RowsRejected` (row positions in ``rows``) when Parquet refuses particular rows,
+        having written nothing, and :class:`RetryableError` when storage fails.
+        """
+        try:
+            parts = self._split_by_partition(rows)
+        except _DATA_ERRORS as exc:
+            raise RowsRejected(_rejected_rows(rows, self._compression, exc)) from exc
         actions = []
-        for values, part in self._split_by_partition(rows):
+        for values, part in parts:
             directory = "/".join(
                 f"{column}={_HIVE_NULL if value is None else _escape_path_name(value)}"
                 for column, value in values.items()
@@ -225,6 +265,8 @@ class DeltaWriter:
                     write_statistics=True,
                 )
                 size = self._filesystem.get_file_info(path).size
+            except _DATA_ERRORS as exc:
+                raise RowsRejected(_rejected_rows(rows, self._compression, exc)) from exc
             except OSError as exc:
                 raise RetryableError(f"writing {path}: {exc}") from exc
             # The on-disk relative path: delta-rs percent-encodes it for the log itself.
@@ -245,51 +287,93 @@ class DeltaWriter:
                     else pc.fill_null(pc.equal(rows[column], pa.scalar(value, rows.schema.field(column).type)), False)
                 )
                 mask = match if mask is None else pc.and_(mask, match)
-            parts.append(
-                ({c: _partition_value(v) for c, v in key.items()}, rows.filter(mask).select(self._data_schema.names))
-            )
+            data_columns = [name for name in rows.column_names if name not in self.partition_by]
+            parts.append(({c: _partition_value(v) for c, v in key.items()}, rows.filter(mask).select(data_columns)))
         return parts
 
     def commit(
         self,
         actions: Sequence[AddAction],
-        expected: dict[int, int | None],
-        ranges: dict[int, OffsetRange],
+        expected: Mapping[int, int | None],
+        versions: Mapping[int, int],
         metadata: dict[str, Any],
     ) -> int:
-        """Commit ``actions`` with a txn per partition of ``ranges``, atomically. Returns the new version.
+        """Commit ``actions`` with txn ``versions`` per partition, atomically. Returns the new version.
 
         ``expected`` holds the txn versions the batch started from; they are checked on the very
         snapshot the commit is made from, and delta-rs fails a concurrent commit of the same txn
-        app id, so a zombie writer can never commit a range twice.
-        Raises :class:`CommitConflict` (partitions moved) or :class:`RetryableError` (nothing happened).
+        app id, so a zombie writer can never commit a range twice. The table schema is checked on
+        that snapshot too: rows fitted to an older schema are never committed under a newer one.
+        Raises :class:`CommitConflict` (partitions moved), :class:`SchemaChanged` or
+        :class:`RetryableError` (nothing happened).
         """
-        ours = {p: r.last for p, r in ranges.items()}
-        in_log = self.committed_offsets(ranges)
-        moved = {p: v for p, v in in_log.items() if v != expected[p]}
-        if moved:
-            raise CommitConflict(moved)
-        properties = CommitProperties(
-            custom_metadata={"kafka2delta": metadata},
-            app_transactions=[Transaction(txn_app_id(self._app_id, p), v) for p, v in ours.items()],
-            max_commit_retries=50,
-        )
-        try:
+
+        def run(properties: CommitProperties) -> None:
             self._table.create_write_transaction(
                 list[AddAction | RemoveAction](actions),
                 mode="append",
                 schema=self._table.schema(),
                 commit_properties=properties,
             )
+
+        return self._transaction(expected, versions, metadata, run)
+
+    def commit_evolution(
+        self,
+        rows: pa.Table,
+        expected: Mapping[int, int | None],
+        versions: Mapping[int, int],
+        metadata: dict[str, Any],
+    ) -> int:
+        """Commit ``rows``, whose schema adds nullable columns (or nested fields) to the table's, in ONE
+        commit holding the new schema, the files and the txns. delta-rs writes and names these files
+        itself (``part-…``); the commit's ``kafka2delta`` metadata still records the offset ranges.
+        """
+
+        def run(properties: CommitProperties) -> None:
+            write_deltalake(
+                self._table,
+                rows,
+                mode="append",
+                schema_mode="merge",
+                partition_by=self.partition_by or None,
+                writer_properties=WriterProperties(compression=self._compression.upper()),  # type: ignore[arg-type]
+                commit_properties=properties,
+            )
+
+        return self._transaction(expected, versions, metadata, run)
+
+    def _transaction(
+        self,
+        expected: Mapping[int, int | None],
+        versions: Mapping[int, int],
+        metadata: dict[str, Any],
+        run: Callable[[CommitProperties], None],
+    ) -> int:
+        in_log = self.committed_offsets(versions)
+        moved = {p: v for p, v in in_log.items() if v != expected[p]}
+        if moved:
+            raise CommitConflict(moved)
+        latest = _table_schema(self._table)
+        if not latest.equals(self.schema, check_metadata=False):
+            self.schema = latest
+            raise SchemaChanged(self._uri, latest)
+        properties = CommitProperties(
+            custom_metadata={"kafka2delta": metadata},
+            app_transactions=[Transaction(txn_app_id(self._app_id, p), v) for p, v in versions.items()],
+            max_commit_retries=50,
+        )
+        try:
+            run(properties)
         except (DeltaError, OSError) as exc:
             # A failed or ambiguous commit: the log, not the exception, says what happened.
             conflict = isinstance(exc, CommitFailedError)
             logger.warning("commit to %s failed (%s: %s); re-reading txn versions", self._uri, type(exc).__name__, exc)
             try:
-                in_log = self.committed_offsets(ranges)
+                in_log = self.committed_offsets(versions)
             except RetryableError as read_exc:
                 raise RetryableError(f"commit failed ({exc}) and the log cannot be read ({read_exc})") from exc
-            outcome = classify_commit(expected, ours, in_log)
+            outcome = classify_commit(dict(expected), dict(versions), in_log)
             if all(o is CommitOutcome.COMMITTED for o in outcome.values()):
                 logger.info("the failed commit did land (txn versions are ours)")
                 return self._after_commit()
@@ -305,6 +389,7 @@ class DeltaWriter:
 
     def _after_commit(self) -> int:
         self._table.update_incremental()
+        self.schema = _table_schema(self._table)
         version = self._table.version()
         if version % self._checkpoint_interval == 0:
             try:
@@ -315,9 +400,30 @@ class DeltaWriter:
                 logger.warning("checkpoint at version %d failed: %s", version, exc)
         return version
 
+    def scan(self, columns: list[str], predicate: pa_ds.Expression) -> pa.Table:
+        """Rows of the newest version matching ``predicate`` (files pruned by partition values and stats)."""
+        try:
+            self._table.update_incremental()
+            return self._table.to_pyarrow_dataset().to_table(columns=columns, filter=predicate)
+        except (DeltaError, OSError) as exc:
+            raise RetryableError(f"reading {self._uri}: {exc}") from exc
+
     def history(self, limit: int) -> list[dict[str, Any]]:
         try:
             self._table.update_incremental()
             return self._table.history(limit)
         except (DeltaError, OSError) as exc:
             raise RetryableError(f"reading history of {self._uri}: {exc}") from exc
+
+
+def _rejected_rows(rows: pa.Table, compression: str, cause: Exception) -> list[tuple[int, Exception]]:
+    """Find the rows Parquet refuses by writing halves to memory (a few rows cost k·log2(n) tries)."""
+
+    def attempt(chunk: list[int]) -> None:
+        pq.write_table(rows.take(pa.array(chunk, pa.int64())), pa.BufferOutputStream(), compression=compression)
+
+    _, failures = isolate_failures(list(range(rows.num_rows)), attempt, _DATA_ERRORS)
+    if not failures:
+        # The whole batch failed but no row does on its own: not a row problem, so not a dead letter.
+        raise FatalError(f"Parquet refused a batch but none of its rows alone: {cause}") from cause
+    return failures

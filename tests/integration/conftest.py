@@ -46,10 +46,36 @@ def event(partition: int, seq: int) -> bytes:
 
 
 @dataclass
+class Message:
+    partition: int
+    value: bytes | None
+    key: bytes | None = None
+    headers: list[tuple[str, bytes]] | None = None
+
+
+@dataclass
 class Topic:
     name: str
     partitions: int
     bootstrap: str
+
+    def produce_messages(self, messages: list[Message]) -> None:
+        """Produce ``messages`` as they are (partition, key, value, headers), in order."""
+        producer = Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 20, "batch.num.messages": 10000})
+        for message in messages:
+            while True:
+                try:
+                    producer.produce(
+                        self.name,
+                        value=message.value,
+                        key=message.key,
+                        partition=message.partition,
+                        headers=message.headers,
+                    )
+                    break
+                except BufferError:
+                    producer.poll(0.1)
+        assert producer.flush(60) == 0
 
     def produce(
         self, per_partition: int, start: int = 0, payload: Callable[[int, int], bytes | None] = event
@@ -151,10 +177,44 @@ class Setup:
         table = self.table()
         return {p: table.transaction_version(f"{self.app_id}-{p}") for p in range(self.topic.partitions)}
 
+    @property
+    def dead_letter_uri(self) -> str:
+        return f"{self.table_uri}_dead_letters"
+
+    def rows(self) -> list[dict[str, Any]]:
+        return self.table().to_pyarrow_table().to_pylist()
+
+    def dead_letters(self) -> list[dict[str, Any]]:
+        """The dead-letter table's rows, by (partition, offset)."""
+        if not DeltaTable.is_deltatable(self.dead_letter_uri):
+            return []
+        rows = DeltaTable(self.dead_letter_uri).to_pyarrow_table().to_pylist()
+        return sorted(rows, key=lambda r: (r["partition"], r["offset"]))
+
+    def dead_letter_txn_versions(self) -> dict[int, int | None]:
+        table = DeltaTable(self.dead_letter_uri)
+        return {p: table.transaction_version(f"{self.app_id}-dlq-{p}") for p in range(self.topic.partitions)}
+
+
+def toml_section(name: str, values: dict[str, Any]) -> list[str]:
+    """A TOML table; keys and strings are written as JSON strings, which TOML reads the same way."""
+    lines = [f"[{name}]"]
+    for key, value in values.items():
+        lines.append(f"{json.dumps(key)} = {json.dumps(value)}")
+    return lines
+
 
 @pytest.fixture
 def setup_factory(tmp_path: Path, topic_factory: Callable[[int], Topic]) -> Callable[..., Setup]:
-    def make(partitions: int, **ingest: Any) -> Setup:
+    def make(
+        partitions: int,
+        schema: dict[str, str] | None = None,
+        sections: dict[str, dict[str, Any]] | None = None,
+        table: dict[str, Any] | None = None,
+        **ingest: Any,
+    ) -> Setup:
+        """A topic, a table location and a config file. ``sections`` adds TOML tables (format, transforms …),
+        ``table`` adds keys to [table] (partition_by, schema_evolution …)."""
         topic = topic_factory(partitions)
         table_uri = str(tmp_path / "table")
         ingest_settings = {"allowed_latency_s": 1.0, "progress_interval_s": 2.0, **ingest}
@@ -166,13 +226,12 @@ def setup_factory(tmp_path: Path, topic_factory: Callable[[int], Topic]) -> Call
             "[kafka.settings]",
             '"session.timeout.ms" = "10000"',
             '"heartbeat.interval.ms" = "1000"',
-            "[table]",
-            f'uri = "{table_uri}"',
-            "[table.schema]",
-            *[f'{column} = "{kind}"' for column, kind in SCHEMA.items()],
-            "[ingest]",
-            *[f"{key} = {json.dumps(value)}" for key, value in ingest_settings.items()],
+            *toml_section("table", {"uri": table_uri, **(table or {})}),
+            *toml_section("table.schema", schema if schema is not None else SCHEMA),
+            *toml_section("ingest", ingest_settings),
         ]
+        for name, values in (sections or {}).items():
+            lines += toml_section(name, values)
         config_path = tmp_path / "config.toml"
         config_path.write_text("\n".join(lines) + "\n")
         return Setup(topic, table_uri, config_path, tmp_path, topic.name)

@@ -1,15 +1,19 @@
 """The pure core: deserialize + coerce, driven with in-memory messages."""
 
 import datetime as dt
+import json
 from decimal import Decimal
+from typing import Any
 
 import pyarrow as pa
 
 from kafka2delta.batches import PartitionMessages
-from kafka2delta.coercions import coerce
-from kafka2delta.pipeline import Pipeline
+from kafka2delta.coercions import CoercionOptions
+from kafka2delta.config import FormatConfig
+from kafka2delta.pipeline import Pipeline, read_schema
 from kafka2delta.schema import parse_schema
-from kafka2delta.serialization import JsonDeserializer
+from kafka2delta.serialization import build_deserializer
+from kafka2delta.transforms import Transformer
 
 SCHEMA = parse_schema(
     {
@@ -23,13 +27,17 @@ SCHEMA = parse_schema(
 )
 
 
+def json_pipeline(schema: pa.Schema, **kwargs: Any) -> Pipeline:
+    return Pipeline(build_deserializer(FormatConfig(), None, "events"), schema, **kwargs)
+
+
 def messages(payloads: list[bytes | None], first_offset: int = 100) -> PartitionMessages:
     offsets = list(range(first_offset, first_offset + len(payloads)))
     return PartitionMessages("events", 3, offsets, payloads, [1_700_000_000_000 + i for i in range(len(payloads))])
 
 
 def test_good_messages_become_rows_in_the_table_schema() -> None:
-    pipeline = Pipeline(JsonDeserializer(SCHEMA), SCHEMA)
+    pipeline = json_pipeline(SCHEMA)
     result = pipeline.process(
         messages(
             [
@@ -53,7 +61,7 @@ def test_good_messages_become_rows_in_the_table_schema() -> None:
 
 
 def test_every_message_is_a_row_a_dead_letter_or_a_skip() -> None:
-    pipeline = Pipeline(JsonDeserializer(SCHEMA), SCHEMA)
+    pipeline = json_pipeline(SCHEMA)
     payloads: list[bytes | None] = [
         b'{"id":"ok1"}',
         b"not json",
@@ -80,11 +88,72 @@ def test_every_message_is_a_row_a_dead_letter_or_a_skip() -> None:
     assert by_offset[1].where == "events[3]@1"
 
 
-def test_coerce_reports_the_column_and_keeps_good_rows() -> None:
-    schema = pa.schema([pa.field("price", pa.decimal128(5, 2)), pa.field("n", pa.int8())])
-    rows = pa.table({"price": ["1.10", "12345678.1", "2"], "n": [1, 2, 300]})
-    result = coerce(rows, schema)
-    assert result.rows.column("price").to_pylist() == [Decimal("1.10")]
-    assert [i for i, _ in result.failures] == [1, 2]
-    assert "'price'" in result.failures[0][1].reason
-    assert "'n'" in result.failures[1][1].reason
+def test_transforms_and_filter_run_in_both_lanes() -> None:
+    schema = parse_schema({"id": "string not null", "day": "date", "offset": "long", "n": "long"})
+    transformer = Transformer([("day", "substr(ts, `0`, `10`)"), ("offset", "kafka.offset")], "type != 'skip'")
+    pipeline = json_pipeline(schema, transformer=transformer)
+    result = pipeline.process(
+        messages(
+            [
+                b'{"id":"fast","ts":"2026-11-22T10:00:00Z","type":"a","n":1}',
+                b'{"id":"slow","ts":"2026-11-23T10:00:00Z","type":"a","n":"2"}',  # Arrow refuses "2" for long
+                b'{"id":"skipped","ts":"2026-11-24T10:00:00Z","type":"skip"}',
+                b'{"id":"no-ts","type":"a"}',  # substr(null) raises: a transform dead letter
+            ]
+        )
+    )
+    assert result.rows.to_pylist() == [
+        {"id": "fast", "day": dt.date(2026, 11, 22), "offset": 100, "n": 1},
+        {"id": "slow", "day": dt.date(2026, 11, 23), "offset": 101, "n": 2},
+    ]
+    assert result.row_offsets == [100, 101]
+    assert result.skipped_filtered == 1
+    [letter] = result.dead_letters
+    assert (letter.offset, letter.stage) == (103, "transform") and "day" in letter.reason
+    assert json.loads(letter.payload_json or "") == {"id": "no-ts", "type": "a"}
+
+
+def test_merge_adds_fields_from_both_lanes_and_reads_guessed_types_again() -> None:
+    schema = parse_schema({"id": "string not null"})
+    pipeline = json_pipeline(schema, schema_evolution="merge")
+    result = pipeline.process(
+        messages(
+            [
+                b'{"id":"a","seen":"2026-11-22T10:00:00Z","n":1,"user":{"id":7}}',
+                b'{"id":"b","n":"not a number","big":12345678901234567890123}',  # slow lane
+            ]
+        )
+    )
+    assert pipeline.schema.names == ["id", "seen", "n", "user", "big"]
+    assert pipeline.schema.field("seen").type == pa.string()  # not Arrow's guess (a timestamp)
+    assert pipeline.schema.field("big").type == pa.decimal128(38, 0)
+    assert result.added_columns == ["seen", "n", "user", "big"]
+    rows = {r["id"]: r for r in result.rows.to_pylist()}
+    assert rows["a"]["seen"] == "2026-11-22T10:00:00Z" and rows["a"]["user"] == {"id": 7}
+    [letter] = result.dead_letters  # "not a number" cannot fit the long column the batch created
+    assert letter.stage == "coerce" and "'n'" in letter.reason
+
+
+def test_none_drops_and_counts_unknown_fields() -> None:
+    pipeline = json_pipeline(parse_schema({"id": "string", "user": "struct<id:long>"}))
+    result = pipeline.process(
+        messages([b'{"id":"a","x":1,"user":{"id":1,"y":2}}', b'{"id":"b","x":null}', b'{"id":"c","n":"s"}'])
+    )
+    assert [r["id"] for r in result.rows.to_pylist()] == ["a", "b", "c"]
+    assert result.unknown_fields == 3
+    assert pipeline.schema.names == ["id", "user"]
+
+
+def test_epoch_columns_are_read_as_numbers() -> None:
+    schema = parse_schema({"id": "string", "ts": "timestamp", "user": "struct<seen:timestamp>"})
+    epoch = frozenset({"ts"})
+    read = read_schema(schema, [("meta.day", pa.string())], epoch)
+    assert read.field("ts").type == pa.float64()
+    assert read.field("user").type == pa.struct([("seen", pa.string())])
+    assert read.field("meta").type == pa.struct([("day", pa.string())])
+    pipeline = json_pipeline(schema, options=CoercionOptions("ms", {"ts": "s"}))
+    result = pipeline.process(messages([b'{"id":"a","ts":1700000000}', b'{"id":"b","ts":"2026-11-22T10:00:00Z"}']))
+    assert [r["ts"] for r in result.rows.to_pylist()] == [
+        dt.datetime(2023, 11, 14, 22, 13, 20, tzinfo=dt.UTC),
+        dt.datetime(2026, 11, 22, 10, tzinfo=dt.UTC),
+    ]

@@ -6,11 +6,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 from deltalake import DeltaTable
 from prometheus_client import generate_latest
 
 from kafka2delta.batches import PartitionMessages
-from kafka2delta.config import load_config
+from kafka2delta.config import FormatConfig, load_config
+from kafka2delta.dead_letters import DeadLetterTable
 from kafka2delta.errors import RetryableError
 from kafka2delta.kafka import ConsumedBatch
 from kafka2delta.metrics import Metrics
@@ -18,7 +20,7 @@ from kafka2delta.offsets import LogicalOffset
 from kafka2delta.pipeline import Pipeline
 from kafka2delta.runner import Ingestor
 from kafka2delta.schema import parse_schema
-from kafka2delta.serialization import JsonDeserializer
+from kafka2delta.serialization import build_deserializer
 from kafka2delta.writer import DeltaWriter, OffsetRange
 
 SCHEMA = parse_schema({"id": "string not null"})
@@ -56,12 +58,31 @@ class FakeSource:
         pass
 
 
-class RecordingSink:
-    def __init__(self) -> None:
-        self.recorded: list[Any] = []
+class RecordingDeadLetters:
+    """The real dead-letter table, counting its commits."""
 
-    def record(self, letters: Any) -> None:
-        self.recorded.extend(letters)
+    def __init__(self, tmp_path: Path) -> None:
+        self.table = DeadLetterTable.open(str(tmp_path / "dlq"), {}, "t", "t", "snappy", 10)
+        self.uri = self.table.uri
+        self.commits = 0
+
+    def committed_offsets(self, partitions: Any) -> dict[int, int | None]:
+        return self.table.committed_offsets(partitions)
+
+    def recorded_offsets(self, partition: int, after: int | None, upto: int) -> set[int]:
+        return self.table.recorded_offsets(partition, after, upto)
+
+    def commit(self, *args: Any) -> int:
+        self.commits += 1
+        return self.table.commit(*args)
+
+    def offsets(self) -> list[tuple[int, int]]:
+        rows = DeltaTable(self.uri).to_pyarrow_table().to_pylist()
+        return sorted((r["partition"], r["offset"]) for r in rows)
+
+
+def rows_of(ids: list[str]) -> Any:
+    return pa.table({"id": ids}, schema=SCHEMA)
 
 
 def batch(partition: int, first: int, count: int, bad_every: int = 0) -> ConsumedBatch:
@@ -73,7 +94,9 @@ def batch(partition: int, first: int, count: int, bad_every: int = 0) -> Consume
     return ConsumedBatch(partitions={partition: PartitionMessages("t", partition, offsets, payloads, [0] * count)})
 
 
-def make(tmp_path: Path, source: Any, writer: Any, sink: RecordingSink, **ingest: str) -> tuple[Ingestor, Metrics]:
+def make(
+    tmp_path: Path, source: Any, writer: Any, sink: RecordingDeadLetters, **ingest: str
+) -> tuple[Ingestor, Metrics]:
     environ = {
         "K2D_KAFKA__BOOTSTRAP_SERVERS": "unused:1",
         "K2D_KAFKA__TOPIC": "t",
@@ -84,9 +107,8 @@ def make(tmp_path: Path, source: Any, writer: Any, sink: RecordingSink, **ingest
     config = load_config(None, environ=environ)
     metrics = Metrics()
     sleeps: list[float] = []
-    ingestor = Ingestor(
-        config, source, writer, Pipeline(JsonDeserializer(SCHEMA), SCHEMA), sink, metrics, sleep=sleeps.append
-    )
+    pipeline = Pipeline(build_deserializer(FormatConfig(), None, "t"), SCHEMA)
+    ingestor = Ingestor(config, source, writer, pipeline, sink, metrics, sleep=sleeps.append)
     return ingestor, metrics
 
 
@@ -116,7 +138,7 @@ class FlakyWriter:
 def test_storage_error_is_retried_without_rewriting_or_rerecording(tmp_path: Path) -> None:
     writer = FlakyWriter(DeltaWriter.open(str(tmp_path / "t"), {}, "t", "snappy", 10, SCHEMA))
     source = FakeSource([batch(0, 0, 10, bad_every=5), batch(1, 0, 10)], [0, 1], high=10)
-    sink = RecordingSink()
+    sink = RecordingDeadLetters(tmp_path)
     ingestor, metrics = make(tmp_path, source, writer, sink)
     ingestor.run(until_caught_up=True)
 
@@ -124,7 +146,8 @@ def test_storage_error_is_retried_without_rewriting_or_rerecording(tmp_path: Pat
     ids = table.to_pyarrow_table().column("id").to_pylist()
     assert len(ids) == len(set(ids)) == 18
     assert table.transaction_version("t-0") == 9 and table.transaction_version("t-1") == 9
-    assert [letter.offset for letter in sink.recorded] == [0, 5]  # recorded once, despite the retry
+    assert sink.offsets() == [(0, 0), (0, 5)]  # recorded once, despite the retry
+    assert sink.commits == 1
     assert writer.files_written == 2  # one per partition, reused by the retry
     assert source.group_offsets == [{0: 10, 1: 10}]
     text = generate_latest(metrics.registry).decode()
@@ -142,14 +165,14 @@ def test_conflict_drops_the_moved_partition_and_commits_the_other(tmp_path: Path
             served = super().consume(max_messages, timeout)
             if served.partitions:
                 # Another writer (a zombie's rival) commits partition 0 up to offset 4 meanwhile.
-                rows = JsonDeserializer(SCHEMA).decode([b'{"id":"theirs"}']).rows
-                other.commit(other.write_files("t", 0, OffsetRange(0, 4), rows), {0: None}, {0: OffsetRange(0, 4)}, {})
+                files = other.write_files("t", 0, OffsetRange(0, 4), rows_of(["theirs"]))
+                other.commit(files, {0: None}, {0: 4}, {})
             return served
 
     both = batch(0, 0, 5)
     both.partitions.update(batch(1, 0, 5).partitions)
     source = RacingSource([both], [0, 1], high=5)
-    ingestor, metrics = make(tmp_path, source, ours, RecordingSink())
+    ingestor, metrics = make(tmp_path, source, ours, RecordingDeadLetters(tmp_path))
     ingestor.run(until_caught_up=True)
 
     table = DeltaTable(uri)
@@ -206,12 +229,12 @@ def test_messages_fetched_before_a_resync_are_not_taken(tmp_path: Path) -> None:
         def commit(self, *args: Any) -> int:
             if self.failures_left:  # just before our first commit, a rival commits offsets 0..2
                 self.failures_left = 0
-                rows = JsonDeserializer(SCHEMA).decode(log[:3]).rows
-                rival.commit(rival.write_files("t", 0, OffsetRange(0, 2), rows), {0: None}, {0: OffsetRange(0, 2)}, {})
+                rows = rows_of([f"m{o}" for o in range(3)])
+                rival.commit(rival.write_files("t", 0, OffsetRange(0, 2), rows), {0: None}, {0: 2}, {})
             return self._writer.commit(*args)
 
     source = LogSource(log)
-    ingestor, _ = make(tmp_path, source, RacedWriter(ours), RecordingSink(), max_messages_per_file="5")
+    ingestor, _ = make(tmp_path, source, RacedWriter(ours), RecordingDeadLetters(tmp_path), max_messages_per_file="5")
     ingestor.run(until_caught_up=True)
 
     table = DeltaTable(uri)

@@ -10,7 +10,7 @@ LIMITS = FlushLimits(
 
 def processed(partition: int, first: int, last: int, rows: int) -> ProcessedPartition:
     table = pa.table({"n": pa.array(range(rows), pa.int64())})
-    return ProcessedPartition(partition, table, [], 0, first, last, 0)
+    return ProcessedPartition(partition, table, list(range(first, first + rows)), [], 0, first, last, 0)
 
 
 def test_latency_limit() -> None:

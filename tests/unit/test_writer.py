@@ -4,12 +4,13 @@ import json
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
-from deltalake import DeltaTable
+from deltalake import DeltaTable, Field
 
-from kafka2delta.errors import CommitConflict, ConfigError
+from kafka2delta.errors import CommitConflict, ConfigError, SchemaChanged
 from kafka2delta.schema import parse_schema
-from kafka2delta.writer import DeltaWriter, OffsetRange
+from kafka2delta.writer import DeltaWriter, OffsetRange, RowsRejected
 
 SCHEMA = parse_schema({"id": "string not null", "country": "string", "ts": "timestamp"})
 
@@ -30,9 +31,7 @@ def test_creates_table_and_commits_files_with_offsets(tmp_path: Path) -> None:
     assert writer.committed_offsets([0, 1]) == {0: None, 1: None}
     files = writer.write_files("events", 0, OffsetRange(0, 2), rows(["a", "b", "c"]))
     assert files[0].path.startswith("events-0-0-2-")
-    version = writer.commit(
-        files, {0: None, 1: None}, {0: OffsetRange(0, 2), 1: OffsetRange(5, 9)}, {"topic": "events"}
-    )
+    version = writer.commit(files, {0: None, 1: None}, {0: 2, 1: 9}, {"topic": "events"})
     table = DeltaTable(str(tmp_path / "t"))
     assert version == table.version() == 1
     assert table.transaction_version("app-0") == 2
@@ -50,10 +49,10 @@ def test_missing_table_without_schema_names_the_key(tmp_path: Path) -> None:
 
 def test_zombie_writer_cannot_commit_a_moved_partition(tmp_path: Path) -> None:
     first, zombie = open_writer(tmp_path / "t"), open_writer(tmp_path / "t")
-    first.commit(first.write_files("e", 0, OffsetRange(0, 9), rows(["a"])), {0: None}, {0: OffsetRange(0, 9)}, {})
+    first.commit(first.write_files("e", 0, OffsetRange(0, 9), rows(["a"])), {0: None}, {0: 9}, {})
     files = zombie.write_files("e", 0, OffsetRange(0, 9), rows(["a-again"]))
     with pytest.raises(CommitConflict) as raised:
-        zombie.commit(files, {0: None}, {0: OffsetRange(0, 9)}, {})
+        zombie.commit(files, {0: None}, {0: 9}, {})
     assert raised.value.partitions == {0: 9}
     table = DeltaTable(str(tmp_path / "t"))
     assert table.to_pyarrow_table().column("id").to_pylist() == ["a"]
@@ -61,8 +60,8 @@ def test_zombie_writer_cannot_commit_a_moved_partition(tmp_path: Path) -> None:
 
 def test_writers_of_different_partitions_both_commit(tmp_path: Path) -> None:
     one, two = open_writer(tmp_path / "t"), open_writer(tmp_path / "t")
-    one.commit(one.write_files("e", 0, OffsetRange(0, 0), rows(["p0"])), {0: None}, {0: OffsetRange(0, 0)}, {})
-    two.commit(two.write_files("e", 1, OffsetRange(0, 0), rows(["p1"])), {1: None}, {1: OffsetRange(0, 0)}, {})
+    one.commit(one.write_files("e", 0, OffsetRange(0, 0), rows(["p0"])), {0: None}, {0: 0}, {})
+    two.commit(two.write_files("e", 1, OffsetRange(0, 0), rows(["p1"])), {1: None}, {1: 0}, {})
     table = DeltaTable(str(tmp_path / "t"))
     assert sorted(table.to_pyarrow_table().column("id").to_pylist()) == ["p0", "p1"]
 
@@ -72,10 +71,54 @@ def test_partitioned_table_and_checkpoints(tmp_path: Path) -> None:
     mixed = pa.concat_tables([rows(["a", "b"], "FR"), rows(["c"], "a/b c"), rows(["d"], None)])
     files = writer.write_files("e", 0, OffsetRange(0, 3), mixed)
     assert len(files) == 3
-    writer.commit(files, {0: None}, {0: OffsetRange(0, 3)}, {})
-    writer.commit([], {0: 3}, {0: OffsetRange(4, 4)}, {})
+    writer.commit(files, {0: None}, {0: 3}, {})
+    writer.commit([], {0: 3}, {0: 4}, {})
     table = DeltaTable(str(tmp_path / "t"))
     assert table.metadata().partition_columns == ["country"]
     result = {r["id"]: r["country"] for r in table.to_pyarrow_table().to_pylist()}
     assert result == {"a": "FR", "b": "FR", "c": "a/b c", "d": None}
     assert (tmp_path / "t" / "_delta_log" / "00000000000000000002.checkpoint.parquet").exists()
+
+
+def test_evolution_commit_adds_columns_files_and_txns_at_once(tmp_path: Path) -> None:
+    writer = open_writer(tmp_path / "t")
+    writer.commit(writer.write_files("e", 0, OffsetRange(0, 0), rows(["a"])), {0: None}, {0: 0}, {})
+    wider = pa.schema([*SCHEMA, pa.field("color", pa.string())])
+    new_rows = pa.table(
+        {"id": ["b"], "country": ["FR"], "ts": pa.array([None], SCHEMA.field("ts").type), "color": ["red"]}
+    )
+    version = writer.commit_evolution(new_rows.cast(wider), {0: 0}, {0: 1}, {"added_columns": ["color"]})
+    table = DeltaTable(str(tmp_path / "t"))
+    assert version == table.version() == 2
+    assert pa.schema(table.schema().to_arrow()).names == ["id", "country", "ts", "color"]
+    assert writer.schema.names == ["id", "country", "ts", "color"]
+    assert table.transaction_version("app-0") == 1
+    log = (tmp_path / "t" / "_delta_log" / "00000000000000000002.json").read_text()
+    assert '"metaData"' in log and '"add"' in log and '"txn"' in log  # one commit
+    assert {r["id"]: r["color"] for r in table.to_pyarrow_table().to_pylist()} == {"a": None, "b": "red"}
+
+
+def test_a_schema_changed_by_another_writer_is_never_committed_over(tmp_path: Path) -> None:
+    writer = open_writer(tmp_path / "t")
+    files = writer.write_files("e", 0, OffsetRange(0, 0), rows(["a"]))
+    DeltaTable(str(tmp_path / "t")).alter.add_columns([Field("x", "string", nullable=True)])
+    with pytest.raises(SchemaChanged) as raised:
+        writer.commit(files, {0: None}, {0: 0}, {})
+    assert raised.value.schema.names == ["id", "country", "ts", "x"]
+    assert DeltaTable(str(tmp_path / "t")).transaction_version("app-0") is None
+
+
+def test_rows_parquet_refuses_are_named_and_nothing_is_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    writer = open_writer(tmp_path / "t")
+    real_write = pq.write_table
+
+    def picky(table: pa.Table, where: object, **kwargs: object) -> None:
+        if "poison" in table.column("id").to_pylist():
+            raise pa.ArrowInvalid("cannot write poison")
+        real_write(table, where, **kwargs)
+
+    monkeypatch.setattr(pq, "write_table", picky)
+    with pytest.raises(RowsRejected) as raised:
+        writer.write_files("e", 0, OffsetRange(0, 3), rows(["a", "poison", "b", "c"]))
+    assert [index for index, _ in raised.value.failures] == [1]
+    assert "cannot write poison" in str(raised.value.failures[0][1])

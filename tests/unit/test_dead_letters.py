@@ -1,0 +1,65 @@
+"""The dead-letter table on local storage: its schema, its own txns, and the window read after a crash."""
+
+import base64
+import json
+from pathlib import Path
+
+import pytest
+from deltalake import DeltaTable
+
+from kafka2delta.dead_letters import DEAD_LETTER_SCHEMA, DeadLetter, DeadLetterTable, payload_json
+from kafka2delta.errors import CommitConflict
+
+
+def letter(partition: int, offset: int, stage: str = "deserialize") -> DeadLetter:
+    payload = b'{"id": %d' % offset
+    return DeadLetter("events", partition, offset, stage, "broken", payload, b"k", 1_700_000_000_123, None)
+
+
+def open_table(tmp_path: Path) -> DeadLetterTable:
+    return DeadLetterTable.open(str(tmp_path / "dlq"), {}, "app", "events", "snappy", 10)
+
+
+def test_commit_records_rows_and_txns(tmp_path: Path) -> None:
+    table = open_table(tmp_path)
+    assert table.committed_offsets([0, 1]) == {0: None, 1: None}
+    table.commit({0: [letter(0, 3), letter(0, 7, "coerce")]}, {0: None}, {0: 9}, {"topic": "events"})
+    delta = DeltaTable(str(tmp_path / "dlq"))
+    assert delta.metadata().partition_columns == ["date"]
+    assert delta.transaction_version("app-dlq-0") == 9
+    rows = sorted(delta.to_pyarrow_table().to_pylist(), key=lambda r: r["offset"])
+    assert [(r["partition"], r["offset"], r["stage"], r["error"]) for r in rows] == [
+        (0, 3, "deserialize", "broken"),
+        (0, 7, "coerce", "broken"),
+    ]
+    assert base64.b64decode(rows[0]["key_base64"]) == b"k"
+    assert base64.b64decode(rows[0]["payload_base64"]) == b'{"id": 3'
+    assert rows[0]["timestamp"].timestamp() == 1_700_000_000.123
+    assert rows[0]["date"] == rows[0]["ingested_at"].date()
+    assert [f.name for f in DEAD_LETTER_SCHEMA] == delta.schema().to_arrow().names
+
+
+def test_recorded_offsets_reads_only_the_window(tmp_path: Path) -> None:
+    table = open_table(tmp_path)
+    table.commit({0: [letter(0, 3)], 1: [letter(1, 4)]}, {0: None, 1: None}, {0: 5, 1: 5}, {})
+    table.commit({0: [letter(0, 8), letter(0, 9)]}, {0: 5}, {0: 12}, {})
+    assert table.recorded_offsets(0, 5, 12) == {8, 9}
+    assert table.recorded_offsets(0, None, 12) == {3, 8, 9}
+    assert table.recorded_offsets(1, 3, 5) == {4}
+    assert table.recorded_offsets(0, 9, 12) == set()
+
+
+def test_a_zombie_cannot_record_the_same_range_twice(tmp_path: Path) -> None:
+    first, zombie = open_table(tmp_path), open_table(tmp_path)
+    first.commit({0: [letter(0, 1)]}, {0: None}, {0: 5}, {})
+    with pytest.raises(CommitConflict):
+        zombie.commit({0: [letter(0, 1)]}, {0: None}, {0: 5}, {})
+    assert len(DeltaTable(str(tmp_path / "dlq")).to_pyarrow_table()) == 1
+
+
+def test_payload_json_prefers_the_document_and_falls_back_to_the_payload() -> None:
+    assert payload_json(b"\x00\x01", {"a": b"\x01", "n": 1}) == json.dumps({"a": "AQ==", "n": 1}, separators=(",", ":"))
+    assert payload_json(b'{"a": 1}') == '{"a": 1}'
+    assert payload_json(b"[1, 2]") == "[1, 2]"
+    assert payload_json(b"{broken") is None
+    assert payload_json(b'"\xff"') is None
