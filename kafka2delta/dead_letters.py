@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from confluent_kafka import KafkaException, Producer
 
-from kafka2delta.errors import RetryableError
+from kafka2delta.errors import FatalError, RetryableError, SchemaChanged
 from kafka2delta.writer import DeltaWriter, OffsetRange
 
 logger = logging.getLogger(__name__)
@@ -33,6 +33,7 @@ logger = logging.getLogger(__name__)
 STAGES = ("deserialize", "transform", "coerce", "write")
 DEAD_LETTER_SCHEMA = pa.schema(
     [
+        pa.field("app_id", pa.string(), nullable=False),
         pa.field("topic", pa.string(), nullable=False),
         pa.field("partition", pa.int32(), nullable=False),
         pa.field("offset", pa.int64(), nullable=False),
@@ -70,12 +71,12 @@ class DeadLetter:
 def payload_json(payload: bytes, document: Any = None) -> str | None:
     """The JSON text shown in ``payload_json``: the decoded document if there is one, else the payload
     if it is valid JSON, else None."""
-    if document is not None:
-        return json.dumps(document, default=_json_default, ensure_ascii=False, separators=(",", ":"))
     try:
+        if document is not None:
+            return json.dumps(document, default=_json_default, ensure_ascii=False, separators=(",", ":"))
         json.loads(payload)
         return payload.decode("utf-8")
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):  # not JSON, or too deep to show
         return None
 
 
@@ -93,11 +94,12 @@ def _b64(data: bytes | None) -> str | None:
     return None if data is None else base64.b64encode(data).decode("ascii")
 
 
-def dead_letter_rows(letters: Sequence[DeadLetter], ingested_at: dt.datetime) -> pa.Table:
+def dead_letter_rows(letters: Sequence[DeadLetter], app_id: str, ingested_at: dt.datetime) -> pa.Table:
     """The dead-letter table's rows for ``letters`` (``date`` is the UTC day they were recorded)."""
     count = len(letters)
     return pa.table(
         {
+            "app_id": [app_id] * count,
             "topic": [letter.topic for letter in letters],
             "partition": [letter.partition for letter in letters],
             "offset": [letter.offset for letter in letters],
@@ -123,8 +125,9 @@ def dead_letter_rows(letters: Sequence[DeadLetter], ingested_at: dt.datetime) ->
 class DeadLetterTable:
     """The dead-letter Delta table of one topic, with its own txns per Kafka partition."""
 
-    def __init__(self, writer: DeltaWriter, topic: str) -> None:
+    def __init__(self, writer: DeltaWriter, app_id: str, topic: str) -> None:
         self._writer = writer
+        self._app_id = app_id
         self._topic = topic
 
     @classmethod
@@ -141,7 +144,7 @@ class DeadLetterTable:
         writer = DeltaWriter.open(
             uri, storage_options, f"{app_id}-dlq", compression, checkpoint_interval, DEAD_LETTER_SCHEMA, PARTITION_BY
         )
-        return cls(writer, topic)
+        return cls(writer, app_id, topic)
 
     @property
     def uri(self) -> str:
@@ -153,7 +156,10 @@ class DeadLetterTable:
     def recorded_offsets(self, partition: int, after: int | None, upto: int) -> set[int]:
         """Offsets in (after, upto] of ``partition`` that are dead letters in the table."""
         predicate = (
-            (pc.field("topic") == self._topic) & (pc.field("partition") == partition) & (pc.field("offset") <= upto)
+            (pc.field("app_id") == self._app_id)
+            & (pc.field("topic") == self._topic)
+            & (pc.field("partition") == partition)
+            & (pc.field("offset") <= upto)
         )
         if after is not None:
             predicate = predicate & (pc.field("offset") > after)
@@ -176,8 +182,24 @@ class DeadLetterTable:
         for partition, batch in sorted(letters.items()):
             if batch:
                 offsets = OffsetRange(min(lt.offset for lt in batch), max(lt.offset for lt in batch))
-                actions += self._writer.write_files(self._topic, partition, offsets, dead_letter_rows(batch, now))
-        return self._writer.commit(actions, expected, versions, metadata)
+                rows = dead_letter_rows(batch, self._app_id, now)
+                actions += self._writer.write_files(self._topic, partition, offsets, rows)
+        try:
+            return self._writer.commit(actions, expected, versions, metadata)
+        except SchemaChanged as changed:
+            # Someone altered the dead-letter table. Our files stay valid as long as every column we
+            # write is still there with its type (added columns read as null for our rows).
+            schema = changed.schema
+            assert isinstance(schema, pa.Schema)
+            missing = [
+                f.name for f in DEAD_LETTER_SCHEMA if f.name not in schema.names or schema.field(f.name).type != f.type
+            ]
+            if missing:
+                raise FatalError(
+                    f"the dead-letter table {self.uri} was altered: columns {missing} are gone or retyped"
+                ) from changed
+            logger.warning("the dead-letter table %s was altered (now %s); committing into it", self.uri, schema)
+            return self._writer.commit(actions, expected, versions, metadata)
 
 
 class DeadLetterTopic:

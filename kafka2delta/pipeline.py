@@ -21,11 +21,14 @@ from typing import Any, Literal
 import pyarrow as pa
 
 from kafka2delta.batches import PartitionMessages, isolate_failures
+from kafka2delta.coercions import STAGE as COERCE_STAGE
 from kafka2delta.coercions import CoercionOptions, coerce_document, coerce_table
 from kafka2delta.dead_letters import DeadLetter, payload_json
 from kafka2delta.errors import MessageError
 from kafka2delta.schema import conform, documents_schema, evolve
+from kafka2delta.serialization import STAGE as DESERIALIZE_STAGE
 from kafka2delta.serialization import Decoded, Deserializer
+from kafka2delta.transforms import STAGE as TRANSFORM_STAGE
 from kafka2delta.transforms import Transformer
 
 logger = logging.getLogger(__name__)
@@ -130,6 +133,7 @@ class Pipeline:
 
     def process(self, messages: PartitionMessages) -> ProcessedPartition:
         """Every input message ends as exactly one of: a row, a dead letter, a counted skip."""
+        before = self._schema
         outcome = self._run(messages, may_reread=True)
         if outcome.reread:
             # New columns were typed from what Arrow's JSON reader guessed; read the batch again with
@@ -137,7 +141,23 @@ class Pipeline:
             added = outcome.added
             outcome = self._run(messages, may_reread=False)
             outcome.added = added + outcome.added
-        return outcome.result(messages, self._schema)
+        result = outcome.result(messages, self._schema)
+        if self._schema is not before:
+            result = self._keep_used_columns(result, before)
+        return result
+
+    def _keep_used_columns(self, result: ProcessedPartition, before: pa.Schema) -> ProcessedPartition:
+        """Keep only the new columns some row of the batch has a value for: fields seen only in messages
+        that were filtered out or became dead letters must not change the table."""
+        kept = _used_fields(before, self._schema, result.rows)
+        if kept.equals(self._schema):
+            return result
+        dropped = evolve(kept, self._schema, inferred=False).added
+        logger.info("schema evolution: not adding %s (only dead letters or filtered messages had them)", dropped)
+        self.set_schema(kept)
+        result.rows = conform(result.rows, kept)
+        result.added_columns = [path for path in result.added_columns if path not in dropped]
+        return result
 
     # --- one pass ---------------------------------------------------------------------------
 
@@ -189,11 +209,13 @@ class Pipeline:
         """The reference lane up to coercion: decode (when not decoded yet) and transform, per message."""
         documents: dict[int, dict[str, Any]] = {}
         for position in sorted(slow):
+            stage = DESERIALIZE_STAGE
             try:
                 document = slow[position]
                 if document is None:
                     document = decoded.documents.get(position) or self._deserializer.document(messages, position)
                 if self._transformer is not None:
+                    stage = TRANSFORM_STAGE
                     key = decoded.keys[position] if decoded.keys is not None else None
                     document = self._transformer.apply_document(document, messages, position, key)
                     if document is None:
@@ -201,6 +223,9 @@ class Pipeline:
                         continue
             except MessageError as error:
                 outcome.dead(position, error, self._original_document(messages, position))
+                continue
+            except RecursionError:  # the stages bound nesting; this only guards against a stage that misses it
+                outcome.dead(position, MessageError(stage, "the message is nested too deeply"))
                 continue
             documents[position] = document
         return documents
@@ -241,6 +266,9 @@ class Pipeline:
             except MessageError as error:
                 outcome.dead(position, error, self._original_document(messages, position))
                 continue
+            except RecursionError:
+                outcome.dead(position, MessageError(COERCE_STAGE, "the message is nested too deeply"))
+                continue
             outcome.unknown_fields += unknown
             rows.append(row)
             positions.append(position)
@@ -266,6 +294,33 @@ class Pipeline:
             return self._deserializer.document(messages, position)
         except MessageError:
             return None
+
+
+def _used_fields(before: pa.Schema, after: pa.Schema, rows: pa.Table) -> pa.Schema:
+    """``after`` without the fields it added to ``before`` that are null in every row of ``rows``."""
+
+    def keep(old: pa.DataType | None, new: pa.DataType, values: pa.ChunkedArray | pa.Array) -> pa.DataType | None:
+        if old is None:
+            return new if values.null_count < len(values) else None
+        if pa.types.is_struct(new) and pa.types.is_struct(old) and old != new:
+            chunks = values.chunks if isinstance(values, pa.ChunkedArray) else [values]
+            members = []
+            for index, member in enumerate(new):
+                child = pa.chunked_array([chunk.field(index) for chunk in chunks], member.type)
+                previous = old.field(member.name).type if old.get_field_index(member.name) >= 0 else None
+                member_type = keep(previous, member.type, child)
+                if member_type is not None:
+                    members.append(member.with_type(member_type))
+            return pa.struct(members)
+        return new  # lists of structs: kept as added (a rare shape; nulls only cost a column)
+
+    columns = []
+    for column in after:
+        old = before.field(column.name).type if column.name in before.names else None
+        column_type = keep(old, column.type, rows.column(column.name))
+        if column_type is not None:
+            columns.append(column.with_type(column_type))
+    return pa.schema(columns, metadata=after.metadata)
 
 
 class _Outcome:

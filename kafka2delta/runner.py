@@ -36,7 +36,7 @@ from deltalake.transaction import AddAction
 from kafka2delta import faults
 from kafka2delta.batches import PartitionMessages
 from kafka2delta.config import Config
-from kafka2delta.dead_letters import DeadLetter
+from kafka2delta.dead_letters import DeadLetter, payload_json
 from kafka2delta.errors import CommitConflict, FatalError, RetryableError, SchemaChanged
 from kafka2delta.kafka import ConsumedBatch, KafkaSource
 from kafka2delta.metrics import Metrics
@@ -123,6 +123,8 @@ class Ingestor:
         self._reached: dict[int, int] = {}
         # Partitions re-positioned (seek) while a consumed batch is being taken: the rest of it is stale.
         self._resynced: set[int] = set()
+        self._deferred_seeks: dict[int, int | LogicalOffset] = {}
+        self._in_rebalance = False
         self._stop_requested = False
         self._failed = False
         self._progress = _Progress(clock, ingest.progress_interval_s)
@@ -157,6 +159,9 @@ class Ingestor:
             self._source.close()
 
     def _consume(self) -> ConsumedBatch:
+        # Cleared before the call: a rebalance callback inside it may resync (seek) a partition, and the
+        # messages of that partition this very call returns were fetched before the seek.
+        self._resynced.clear()
         timeout = self._config.kafka.consume_timeout_s
         due = self._buffers.seconds_until_due(self._clock())
         if due is not None:
@@ -164,7 +169,12 @@ class Ingestor:
         return self._retrying("consume", lambda: self._source.consume(self._config.kafka.consume_batch_size, timeout))
 
     def _accept(self, batch: ConsumedBatch) -> None:
-        self._resynced.clear()
+        # Resyncs made by a rebalance callback during that consume(): this batch's messages of those
+        # partitions were fetched before the seek (they are in _resynced and skipped below).
+        for partition, target in self._deferred_seeks.items():
+            if partition in self._positions:
+                self._source.seek(partition, target)
+        self._deferred_seeks.clear()
         for partition in batch.out_of_range:
             self._offset_out_of_range(partition)
         now = self._clock()
@@ -294,12 +304,17 @@ class Ingestor:
             pending.schema_checked = True
         schema = self._pipeline.schema
         evolving = not schema.equals(self._table_schema, check_metadata=False)
-        if not evolving:
-            self._write_files(pending, schema)  # an evolution commit writes its files in step 3
+        self._write_files(pending, schema, evolving)
         faults.point("after_parquet_write")
         self._commit_dead_letters(pending)
         faults.point("after_dead_letter_commit")
         taken = pending.buffers
+        # A zombie's dead-letter commit for our partitions means it took some of these offsets as dead
+        # letters: committing our outcome for them too would put an offset in both tables. Resync instead.
+        in_dead_letters = self._dead_letters.committed_offsets(list(taken))
+        moved = {p: v for p, v in in_dead_letters.items() if v != self._dead_letters_committed[p]}
+        if moved:
+            raise CommitConflict(moved)
         ranges = {p: OffsetRange(b.first_offset, b.last_offset) for p, b in taken.items()}
         metadata = {
             "app_id": self._config.app_id,
@@ -323,8 +338,11 @@ class Ingestor:
         self._pipeline.set_schema(self._writer.schema)
         return version
 
-    def _write_files(self, pending: _PendingCommit, schema: pa.Schema) -> None:
-        """Step 1: Parquet files per Kafka partition; rows Parquet refuses become dead letters (stage write)."""
+    def _write_files(self, pending: _PendingCommit, schema: pa.Schema, evolving: bool) -> None:
+        """Step 1: Parquet files per Kafka partition; rows Parquet refuses become dead letters (stage write).
+
+        An evolution commit writes its files in step 3 (delta-rs does): here its rows are only checked.
+        """
         for partition, buffer in pending.buffers.items():
             if partition in pending.files:
                 continue
@@ -332,17 +350,35 @@ class Ingestor:
             while True:
                 rows = buffer.to_table(schema)
                 try:
-                    pending.files[partition] = (
-                        self._writer.write_files(self._topic, partition, offsets, rows) if buffer.rows else []
-                    )
+                    if evolving:
+                        self._writer.check_rows(rows)
+                        pending.files[partition] = []
+                    else:
+                        pending.files[partition] = (
+                            self._writer.write_files(self._topic, partition, offsets, rows) if buffer.rows else []
+                        )
                     break
                 except RowsRejected as rejected:
-                    row_offsets = buffer.offsets().to_pylist()
-                    for index, exc in rejected.failures:
-                        letter = DeadLetter(self._topic, partition, row_offsets[index], WRITE_STAGE, str(exc), b"")
-                        buffer.dead_letters.append(letter)
-                        logger.warning("%s: Parquet refused the row: %s", letter.where, exc)
-                    buffer.reject_rows([index for index, _ in rejected.failures], schema)
+                    self._reject_rows(partition, buffer, rows, rejected, schema)
+
+    def _reject_rows(
+        self, partition: int, buffer: PartitionBuffer, rows: pa.Table, rejected: RowsRejected, schema: pa.Schema
+    ) -> None:
+        row_offsets = buffer.offsets().to_pylist()
+        for index, exc in rejected.failures:
+            row = rows.slice(index, 1).to_pylist()[0]
+            letter = DeadLetter(
+                self._topic,
+                partition,
+                row_offsets[index],
+                WRITE_STAGE,
+                str(exc),
+                b"",
+                payload_json=payload_json(b"", row),
+            )
+            buffer.dead_letters.append(letter)
+            logger.warning("%s: Parquet refused the row: %s", letter.where, exc)
+        buffer.reject_rows([index for index, _ in rejected.failures], schema)
 
     def _commit_dead_letters(self, pending: _PendingCommit) -> None:
         """Step 2: the dead letters of the pending partitions, with their own txns, before the main commit."""
@@ -360,16 +396,22 @@ class Ingestor:
         expected = {p: self._dead_letters_committed[p] for p in letters}
         # Normally the batch's last offset; a replay that records inside an older window never lowers it.
         versions = {p: max(pending.buffers[p].last_offset, _or_minus_one(expected[p])) for p in letters}
+        # Inside an older window the txn does not move, so it cannot tell whether an ambiguous commit
+        # landed: there, the table itself is asked (before, to skip what landed; after, to confirm).
+        unmoved = [p for p in letters if versions[p] == expected[p]]
+        for partition in unmoved:
+            landed = self._recorded_among(partition, letters[partition])
+            letters[partition] = [letter for letter in letters[partition] if letter.offset not in landed]
         metadata = {
             "app_id": self._config.app_id,
             "topic": self._topic,
             "offsets": {str(p): [pending.buffers[p].first_offset, pending.buffers[p].last_offset] for p in letters},
             "dead_letters": len(flat),
         }
-        try:
-            self._dead_letters.commit(letters, expected, versions, metadata)
-        except SchemaChanged as exc:
-            raise FatalError(f"the dead-letter table {self._dead_letters.uri} was altered: {exc}") from exc
+        self._dead_letters.commit(letters, expected, versions, metadata)
+        for partition in unmoved:
+            if len(self._recorded_among(partition, letters[partition])) != len(letters[partition]):
+                raise RetryableError(f"dead letters of {self._topic}[{partition}] did not land in the commit")
         for partition, version in versions.items():
             self._dead_letters_committed[partition] = version
         pending.letters_recorded.update(letters)
@@ -385,6 +427,17 @@ class Ingestor:
                 self._dead_letters.uri,
                 dict(stages),
             )
+
+    def _recorded_among(self, partition: int, letters: Sequence[DeadLetter]) -> set[int]:
+        """The offsets of ``letters`` the dead-letter table holds."""
+        if not letters:
+            return set()
+        offsets = {letter.offset for letter in letters}
+        found = self._retrying(
+            "reading recorded dead letters",
+            partial(self._dead_letters.recorded_offsets, partition, min(offsets) - 1, max(offsets)),
+        )
+        return offsets & found
 
     def _check_schema(self) -> None:
         """Raise SchemaChanged when someone else changed the table's schema since the stages were fitted."""
@@ -430,7 +483,13 @@ class Ingestor:
         else:
             self._recorded.pop(partition, None)
         reset = LogicalOffset(self._config.kafka.auto_offset_reset)
-        self._source.seek(partition, reset if committed is None else committed + 1)
+        target = reset if committed is None else committed + 1
+        if self._in_rebalance:
+            # Inside a rebalance callback, consume() may already hold fresh messages fetched after a seek
+            # made here, indistinguishable from stale ones: seek once it has returned (see _accept).
+            self._deferred_seeks[partition] = target
+        else:
+            self._source.seek(partition, target)
 
     def _read_offsets(self, partitions: list[int]) -> tuple[dict[int, int | None], dict[int, set[int]]]:
         """The main txn versions of ``partitions``, and per partition the offsets after it that the
@@ -520,7 +579,11 @@ class Ingestor:
         faults.point("in_revoke")
         if owned and not self._failed:
             logger.info("revoked %s: committing what is buffered for them", sorted(owned))
-            self._flush("revoke", owned)
+            self._in_rebalance = True
+            try:
+                self._flush("revoke", owned)
+            finally:
+                self._in_rebalance = False
         self._forget(owned)
 
     def lost(self, partitions: list[int]) -> None:

@@ -78,7 +78,14 @@ except ImportError:  # pragma: no cover - exercised only where orjson is not ins
     _orjson = None  # type: ignore[assignment]
 
 STAGE = "deserialize"
+# fastavro reports a malformed schema ({"type": "array"} without items, null …) as KeyError/TypeError too.
+_AVRO_SCHEMA_ERRORS = (ValueError, KeyError, TypeError, AttributeError, SchemaParseException)
+MAX_DOCUMENT_DEPTH = 64
+"""Deepest nesting of objects/arrays (records, lists, maps) a message may have; deeper is a dead letter
+(the later stages walk documents recursively, and real events nest a handful of levels)."""
 MAX_DECOMPRESSED_BYTES = 64 * 1024 * 1024
+GZIP_ROUND_BYTES = 128 * 1024 * 1024
+"""At most this many gunzipped bytes are held at once while a batch is read (it is read in rounds)."""
 """Largest gunzipped payload accepted (a gzip bomb is a dead letter, not an out-of-memory)."""
 _HEADER = 5  # magic byte + 4-byte big-endian schema id
 _BOM = b"\xef\xbb\xbf"
@@ -265,6 +272,8 @@ def parse_json_object(data: bytes) -> dict[str, Any]:
     value = parse_json(data)
     if not isinstance(value, dict):
         raise _error(f"payload is {_json_kind(value)}, not an object")
+    if _depth(value) > MAX_DOCUMENT_DEPTH:
+        raise _error(f"the JSON value is nested deeper than {MAX_DOCUMENT_DEPTH} levels")
     return value
 
 
@@ -394,17 +403,35 @@ def _json_readable_field(f: pa.Field) -> pa.Field | None:
 
 
 def _has_nonfinite(data: pa.ChunkedArray | pa.Array) -> bool:
-    """True when a floating-point value (at any depth) is NaN or ±Infinity."""
-    data_type = data.type
-    if pa.types.is_floating(data_type):
-        return bool(pc.any(pc.invert(pc.is_finite(data))).as_py())
-    if pa.types.is_struct(data_type):
-        chunks = data.chunks if isinstance(data, pa.ChunkedArray) else [data]
-        return any(_has_nonfinite(child) for chunk in chunks for child in chunk.flatten())
-    if pa.types.is_list(data_type) or pa.types.is_large_list(data_type):
-        chunks = data.chunks if isinstance(data, pa.ChunkedArray) else [data]
-        return any(_has_nonfinite(chunk.flatten()) for chunk in chunks)
+    """True when a floating-point value (at any depth) is NaN or ±Infinity. Iterative: a deeply
+    nested message must not exhaust the Python stack."""
+    pending: list[pa.ChunkedArray | pa.Array] = [data]
+    while pending:
+        item = pending.pop()
+        data_type = item.type
+        chunks = item.chunks if isinstance(item, pa.ChunkedArray) else [item]
+        if pa.types.is_floating(data_type):
+            if pc.any(pc.invert(pc.is_finite(item))).as_py():
+                return True
+        elif pa.types.is_struct(data_type):
+            pending.extend(child for chunk in chunks for child in chunk.flatten())
+        elif pa.types.is_list(data_type) or pa.types.is_large_list(data_type):
+            pending.extend(chunk.flatten() for chunk in chunks)
     return False
+
+
+def _type_depth(schema: pa.Schema) -> int:
+    """How deeply the columns of ``schema`` nest (1 for flat columns)."""
+    deepest = 0
+    pending = [(f.type, 1) for f in schema]
+    while pending:
+        data_type, depth = pending.pop()
+        deepest = max(deepest, depth)
+        if pa.types.is_struct(data_type):
+            pending.extend((f.type, depth + 1) for f in data_type)
+        elif pa.types.is_list(data_type) or pa.types.is_large_list(data_type) or pa.types.is_map(data_type):
+            pending.append((data_type.value_type if not pa.types.is_map(data_type) else data_type.item_type, depth + 1))
+    return deepest
 
 
 class JsonDeserializer(_Base):
@@ -455,13 +482,14 @@ class JsonDeserializer(_Base):
         failures: list[tuple[int, MessageError]] = []
         raw = messages.payloads
         maybe = [raw[p] for p in positions]
-        if self._gzip or None in maybe:
+        if self._gzip:
+            return self._decode_gzipped(messages, positions)
+        if None in maybe:
             kept: list[int] = []
             payloads: list[bytes] = []
             for position in positions:
                 try:
-                    payload = _payload(messages, position)
-                    payloads.append(gunzip(payload) if self._gzip else payload)
+                    payloads.append(_payload(messages, position))
                 except MessageError as exc:
                     failures.append((position, exc))
                     continue
@@ -473,6 +501,50 @@ class JsonDeserializer(_Base):
         if failures:
             decoded.failures = sorted(failures + decoded.failures, key=lambda failure: failure[0])
         return decoded
+
+    def _decode_gzipped(self, messages: PartitionMessages, positions: Sequence[int]) -> Decoded:
+        """Gunzip and read in rounds of at most GZIP_ROUND_BYTES decompressed: a batch of small
+        payloads that inflate enormously must not all be held inflated at once."""
+        failures: list[tuple[int, MessageError]] = []
+        rounds: list[Decoded] = []
+        kept: list[int] = []
+        payloads: list[bytes] = []
+        held = 0
+        for position in positions:
+            try:
+                payload = gunzip(_payload(messages, position))
+            except MessageError as exc:
+                failures.append((position, exc))
+                continue
+            if payloads and held + len(payload) > GZIP_ROUND_BYTES:
+                rounds.append(self._read(payloads, kept))
+                kept, payloads, held = [], [], 0
+            kept.append(position)
+            payloads.append(payload)
+            held += len(payload)
+        rounds.append(self._read(payloads, kept))
+        decoded = rounds[0] if len(rounds) == 1 else self._merge_rounds(messages, rounds)
+        decoded.failures = sorted(failures + decoded.failures, key=lambda failure: failure[0])
+        return decoded
+
+    def _merge_rounds(self, messages: PartitionMessages, rounds: list[Decoded]) -> Decoded:
+        """One Decoded from several reads; rows whose inferred types do not join the first round's
+        take the reference lane (a lane, not an outcome, so nothing changes for the message)."""
+        merged = Decoded(table=rounds[0].table, fast=list(rounds[0].fast), typed=False)
+        for decoded in rounds:
+            merged.documents.update(decoded.documents)
+            merged.failures.extend(decoded.failures)
+        for decoded in rounds[1:]:
+            try:
+                merged.table = pa.concat_tables([merged.table, decoded.table], promote_options="permissive")
+                merged.fast.extend(decoded.fast)
+            except (pa.ArrowInvalid, pa.ArrowTypeError):
+                for position in decoded.fast:
+                    try:
+                        merged.documents[position] = self.document(messages, position)
+                    except MessageError as exc:  # pragma: no cover - the fast lane read it already
+                        merged.failures.append((position, exc))
+        return merged
 
     def _read(self, payloads: list[bytes], positions: Sequence[int]) -> Decoded:
         indices = list(range(len(payloads)))
@@ -634,6 +706,10 @@ class JsonDeserializer(_Base):
         # child shorter than the offsets say); a full validation (~0.4 ms per 10,000 events) keeps
         # them out of the table: such a message is isolated and takes the reference lane.
         table.validate(full=True)
+        # Later stages walk documents recursively in Python: deeper messages are dead letters, decided
+        # by the reference lane, which counts each message's own depth.
+        if _type_depth(table.schema) > MAX_DOCUMENT_DEPTH:
+            raise ValueError(f"nested deeper than {MAX_DOCUMENT_DEPTH} levels")
         # Arrow reads NaN and Infinity, which are not JSON (the reference lane refuses them). A float
         # can only be non-finite through those literals; checking the float columns is cheaper than
         # searching the bytes.
@@ -1113,8 +1189,8 @@ def load_avro_schema_file(path: str) -> AvroSchema:
         raise ConfigError(key, f"cannot read {path}: {exc}") from exc
     try:
         return AvroSchema.parse(json.loads(text))
-    except (ValueError, SchemaParseException) as exc:
-        raise ConfigError(key, f"{path} is not an Avro schema: {exc}") from exc
+    except _AVRO_SCHEMA_ERRORS as exc:
+        raise ConfigError(key, f"{path} is not an Avro schema: {exc!r}") from exc
 
 
 @dataclass
@@ -1138,7 +1214,7 @@ class _Broken:
     reason: str
 
 
-MAX_AVRO_DEPTH = 100
+MAX_AVRO_DEPTH = MAX_DOCUMENT_DEPTH
 """Deepest nesting (records, arrays, maps) accepted for values of a recursive Avro schema."""
 _MAX_SCHEMAS = 1000
 """Compiled schemas kept per deserializer (oldest dropped first; a topic rarely has more ids)."""
@@ -1196,8 +1272,8 @@ class _AvroCodec:
         try:
             self._load_references(registry, registered, named, set())
             writer = AvroSchema.parse(json.loads(registered.schema), named)
-        except (ValueError, SchemaParseException) as exc:
-            return _Broken(f"schema id {schema_id} is not a valid Avro schema: {exc}")
+        except _AVRO_SCHEMA_ERRORS as exc:
+            return _Broken(f"schema id {schema_id} is not a valid Avro schema: {exc!r}")
         if self._reader is None or self._reader_shape is None:
             parsed = writer.parsed
             return _AvroWriter(parsed, None, writer.shape(), _is_record(parsed), _kind(parsed), writer.recursive)

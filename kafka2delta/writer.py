@@ -273,6 +273,13 @@ class DeltaWriter:
             actions.append(AddAction(relative, size, values, int(time.time() * 1000), True, file_stats(part)))
         return actions
 
+    def check_rows(self, rows: pa.Table) -> None:
+        """Raise :class:`RowsRejected` when Parquet refuses some rows (for commits delta-rs writes itself)."""
+        try:
+            pq.write_table(rows, pa.BufferOutputStream(), compression=self._compression)
+        except _DATA_ERRORS as exc:
+            raise RowsRejected(_rejected_rows(rows, self._compression, exc)) from exc
+
     def _split_by_partition(self, rows: pa.Table) -> list[tuple[dict[str, str | None], pa.Table]]:
         if not self.partition_by:
             return [({}, rows)]

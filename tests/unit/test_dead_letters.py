@@ -5,7 +5,7 @@ import json
 from pathlib import Path
 
 import pytest
-from deltalake import DeltaTable
+from deltalake import DeltaTable, Field
 
 from kafka2delta.dead_letters import DEAD_LETTER_SCHEMA, DeadLetter, DeadLetterTable, payload_json
 from kafka2delta.errors import CommitConflict
@@ -63,3 +63,23 @@ def test_payload_json_prefers_the_document_and_falls_back_to_the_payload() -> No
     assert payload_json(b"[1, 2]") == "[1, 2]"
     assert payload_json(b"{broken") is None
     assert payload_json(b'"\xff"') is None
+
+
+def test_an_altered_dead_letter_table_is_written_into_while_our_columns_remain(tmp_path: Path) -> None:
+    table = open_table(tmp_path)
+    table.commit({0: [letter(0, 1)]}, {0: None}, {0: 1}, {})
+    DeltaTable(str(tmp_path / "dlq")).alter.add_columns([Field("triaged_by", "string", nullable=True)])
+    table.commit({0: [letter(0, 2)]}, {0: 1}, {0: 2}, {})
+    rows = DeltaTable(str(tmp_path / "dlq")).to_pyarrow_table().to_pylist()
+    assert sorted(r["offset"] for r in rows) == [1, 2] and all(r["triaged_by"] is None for r in rows)
+
+
+def test_apps_sharing_a_dead_letter_table_do_not_see_each_others_letters(tmp_path: Path) -> None:
+    ours = open_table(tmp_path)
+    theirs = DeadLetterTable.open(str(tmp_path / "dlq"), {}, "other-app", "events", "snappy", 10)
+    theirs.commit({0: [letter(0, 3)]}, {0: None}, {0: 5}, {})
+    ours.commit({0: [letter(0, 4)]}, {0: None}, {0: 5}, {})
+    assert ours.recorded_offsets(0, None, 5) == {4}
+    assert theirs.recorded_offsets(0, None, 5) == {3}
+    apps = {r["offset"]: r["app_id"] for r in DeltaTable(str(tmp_path / "dlq")).to_pyarrow_table().to_pylist()}
+    assert apps == {3: "other-app", 4: "app"}

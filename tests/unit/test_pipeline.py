@@ -120,16 +120,18 @@ def test_merge_adds_fields_from_both_lanes_and_reads_guessed_types_again() -> No
         messages(
             [
                 b'{"id":"a","seen":"2026-11-22T10:00:00Z","n":1,"user":{"id":7}}',
-                b'{"id":"b","n":"not a number","big":12345678901234567890123}',  # slow lane
+                b'{"id":"b","n":"not a number"}',  # slow lane: a dead letter
+                b'{"id":"c","tags":[1,"a"]}',  # slow lane: Arrow has no type for a mixed list
             ]
         )
     )
-    assert pipeline.schema.names == ["id", "seen", "n", "user", "big"]
+    assert pipeline.schema.names == ["id", "seen", "n", "user", "tags"]
     assert pipeline.schema.field("seen").type == pa.string()  # not Arrow's guess (a timestamp)
-    assert pipeline.schema.field("big").type == pa.decimal128(38, 0)
-    assert result.added_columns == ["seen", "n", "user", "big"]
+    assert pipeline.schema.field("tags").type == pa.list_(pa.string())
+    assert result.added_columns == ["seen", "n", "user", "tags"]
     rows = {r["id"]: r for r in result.rows.to_pylist()}
     assert rows["a"]["seen"] == "2026-11-22T10:00:00Z" and rows["a"]["user"] == {"id": 7}
+    assert rows["c"]["tags"] == ["1", "a"]
     [letter] = result.dead_letters  # "not a number" cannot fit the long column the batch created
     assert letter.stage == "coerce" and "'n'" in letter.reason
 
@@ -157,3 +159,22 @@ def test_epoch_columns_are_read_as_numbers() -> None:
         dt.datetime(2023, 11, 14, 22, 13, 20, tzinfo=dt.UTC),
         dt.datetime(2026, 11, 22, 10, tzinfo=dt.UTC),
     ]
+
+
+def test_fields_of_dead_letters_and_filtered_messages_do_not_become_columns() -> None:
+    schema = parse_schema({"id": "string not null", "type": "string", "user": "struct<id:long>"})
+    pipeline = json_pipeline(schema, schema_evolution="merge", transformer=Transformer([], "type != 'skip'"))
+    result = pipeline.process(
+        messages(
+            [
+                b'{"id":"a","type":"x","color":"red","user":{"id":1,"country":"FR"}}',
+                b'{"type":"x","junk":1,"user":{"id":2,"junk":3}}',  # no id: a dead letter
+                b'{"id":"c","type":"skip","filtered_only":true}',
+            ]
+        )
+    )
+    assert pipeline.schema.names == ["id", "type", "user", "color"]
+    assert pipeline.schema.field("user").type == pa.struct([("id", pa.int64()), ("country", pa.string())])
+    assert result.rows.schema == pipeline.schema
+    assert result.added_columns == ["user.country", "color"]
+    assert [letter.offset for letter in result.dead_letters] == [101] and result.skipped_filtered == 1

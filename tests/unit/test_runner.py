@@ -7,12 +7,12 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-from deltalake import DeltaTable
+from deltalake import DeltaTable, Field
 from prometheus_client import generate_latest
 
 from kafka2delta.batches import PartitionMessages
 from kafka2delta.config import FormatConfig, load_config
-from kafka2delta.dead_letters import DeadLetterTable
+from kafka2delta.dead_letters import DeadLetter, DeadLetterTable
 from kafka2delta.errors import RetryableError
 from kafka2delta.kafka import ConsumedBatch
 from kafka2delta.metrics import Metrics
@@ -242,3 +242,114 @@ def test_messages_fetched_before_a_resync_are_not_taken(tmp_path: Path) -> None:
     assert ids == [f"m{o}" for o in range(20)]  # no gap, no duplicate
     assert table.transaction_version("t-0") == 19
     assert source.seeks == [(0, 3)]
+
+
+def test_dead_letters_recorded_before_a_crash_are_final_and_the_window_is_completed(tmp_path: Path) -> None:
+    """A crash left dead letters 6 and 8 recorded (dead-letter txn 9) but the main table at 4. Since
+    then the config changed: 6 and 8 would now be rows, 7 would now be a dead letter."""
+    uri = str(tmp_path / "t")
+    writer = DeltaWriter.open(uri, {}, "t", "snappy", 10, SCHEMA)
+    writer.commit(writer.write_files("t", 0, OffsetRange(0, 4), rows_of(["m0"])), {0: None}, {0: 4}, {})
+    sink = RecordingDeadLetters(tmp_path)
+    sink.table.commit(
+        {0: [DeadLetter("t", 0, o, "coerce", "old reason", b"{}") for o in (6, 8)]}, {0: None}, {0: 9}, {}
+    )
+
+    log = [json.dumps({"id": f"m{o}"}).encode() for o in range(10)]
+    log[7] = b"{broken"
+    source = LogSource(log)
+    ingestor, metrics = make(tmp_path, source, writer, sink)
+    ingestor.run(until_caught_up=True)
+
+    table = DeltaTable(uri)
+    assert sorted(table.to_pyarrow_table().column("id").to_pylist()) == ["m0", "m5", "m9"]
+    assert table.transaction_version("t-0") == 9
+    assert sink.offsets() == [(0, 6), (0, 7), (0, 8)]  # 7 recorded inside the old window, 6 and 8 not twice
+    assert sink.table.committed_offsets([0]) == {0: 9}
+    text = generate_latest(metrics.registry).decode()
+    assert 'kafka2delta_messages_skipped_total{partition="0",reason="dead_letter_recorded",topic="t"} 2.0' in text
+
+
+def test_a_resync_inside_a_revoke_callback_neither_takes_stale_messages_nor_loses_fresh_ones(tmp_path: Path) -> None:
+    """Someone changes the schema; the revoke callback's flush finds out and resyncs the partition we keep
+    (p1). The consume() that ran the callback returns p1 messages fetched before that: not to be taken."""
+    uri = str(tmp_path / "t")
+    writer = DeltaWriter.open(uri, {}, "t", "snappy", 10, SCHEMA)
+    log = {p: [json.dumps({"id": f"p{p}-{o}"}).encode() for o in range(15)] for p in (0, 1)}
+
+    class RevokingSource(FakeSource):
+        def __init__(self) -> None:
+            super().__init__([], [0, 1], high=15)
+            self.position: dict[int, int] = {}
+            self.calls = 0
+
+        def start(self, listener: Any) -> None:
+            self.listener = listener
+            super().start(listener)
+            self.position = {p: 0 for p in self.starts}
+
+        def serve(self, partition: int, count: int) -> PartitionMessages:
+            first = self.position[partition]
+            offsets = list(range(first, min(first + count, 15)))
+            self.position[partition] = first + len(offsets)
+            return PartitionMessages("t", partition, offsets, [log[partition][o] for o in offsets], [0] * len(offsets))
+
+        def consume(self, max_messages: int, timeout: float) -> ConsumedBatch:
+            self.calls += 1
+            if self.calls == 1:
+                return ConsumedBatch(partitions={0: self.serve(0, 5), 1: self.serve(1, 5)})
+            if self.calls == 2:
+                stale = self.serve(1, 5)  # p1 5..9, queued before the rebalance op
+                DeltaTable(uri).alter.add_columns([Field("x", "string", nullable=True)])
+                self.listener.revoked([0])
+                return ConsumedBatch(partitions={1: stale})
+            if self.position.get(1, 15) < 15:
+                return ConsumedBatch(partitions={1: self.serve(1, 15)})
+            return ConsumedBatch(end_offsets={1: 15})
+
+        def seek(self, partition: int, offset: int | LogicalOffset) -> None:
+            super().seek(partition, offset)
+            self.position[partition] = 0 if offset is LogicalOffset.EARLIEST else int(offset)  # type: ignore[arg-type]
+
+    source = RevokingSource()
+    ingestor, metrics = make(tmp_path, source, writer, RecordingDeadLetters(tmp_path), allowed_latency_s="60")
+    ingestor.run(until_caught_up=True)
+
+    table = DeltaTable(uri)
+    ids = table.to_pyarrow_table().column("id").to_pylist()
+    assert sorted(i for i in ids if i.startswith("p1")) == sorted(f"p1-{o}" for o in range(15))
+    assert len(ids) == len(set(ids))
+    assert table.transaction_version("t-1") == 14
+    assert source.seeks == [(1, LogicalOffset.EARLIEST)]  # p1 had nothing committed: replayed from its start
+    assert "kafka2delta_schema_changes_total" in generate_latest(metrics.registry).decode()
+
+
+def test_a_zombies_dead_letters_for_our_offsets_make_us_resync_not_commit_them_twice(tmp_path: Path) -> None:
+    """A zombie (older config) records offset 7 as a dead letter while we hold 5..9 as rows: our main
+    commit must not also make 7 a row."""
+    uri = str(tmp_path / "t")
+    writer = DeltaWriter.open(uri, {}, "t", "snappy", 10, SCHEMA)
+    writer.commit(writer.write_files("t", 0, OffsetRange(0, 4), rows_of(["m0"])), {0: None}, {0: 4}, {})
+    sink = RecordingDeadLetters(tmp_path)
+    zombie = DeadLetterTable.open(str(tmp_path / "dlq"), {}, "t", "t", "snappy", 10)
+    log = [json.dumps({"id": f"m{o}"}).encode() for o in range(10)]
+
+    class ZombieSource(LogSource):
+        def consume(self, max_messages: int, timeout: float) -> ConsumedBatch:
+            served = super().consume(max_messages, timeout)
+            if served.partitions and not zombie.committed_offsets([0])[0]:
+                zombie.commit({0: [DeadLetter("t", 0, 7, "coerce", "zombie", b"{}")]}, {0: None}, {0: 9}, {})
+            return served
+
+    source = ZombieSource(log)
+    ingestor, metrics = make(tmp_path, source, writer, sink)
+    ingestor.run(until_caught_up=True)
+
+    table = DeltaTable(uri)
+    assert sorted(table.to_pyarrow_table().column("id").to_pylist()) == ["m0", "m5", "m6", "m8", "m9"]
+    assert table.transaction_version("t-0") == 9
+    assert sink.offsets() == [(0, 7)]
+    assert (0, 5) in source.seeks
+    assert (
+        'kafka2delta_commit_conflicts_total{partition="0",topic="t"} 1.0' in generate_latest(metrics.registry).decode()
+    )

@@ -1201,8 +1201,8 @@ def test_avro_recursive_values_are_depth_limited_not_a_crash() -> None:
     assert decoded.documents[0] == {"value": 1, "next": {"value": 1, "next": {"value": 1, "next": None}}}
     assert decoded.fast == []
     assert reasons(decoded) == {
-        1: "the Avro value is nested deeper than 100 levels",
-        2: "the Avro value is nested deeper than 100 levels",
+        1: "the Avro value is nested deeper than 64 levels",
+        2: "the Avro value is nested deeper than 64 levels",
     }
     assert deserializer.document(messages([linked(serialization.MAX_AVRO_DEPTH)]), 0)["value"] == 1
 
@@ -1269,13 +1269,16 @@ def test_json_deep_nesting_never_reaches_arrow() -> None:
     unclosed = b'{"x":' + b"[" * 50_000
     medium = b'{"x":' + b"[" * 1_010 + b"]" * 1_010 + b"}"  # deeper than Arrow gets, within orjson's 1024
     in_string = b'{"x":"' + b"[" * 5_000 + b'"}'  # brackets in a string do not nest
+    shallow = b'{"y":' + b"[" * 62 + b"1" + b"]" * 62 + b"}"  # 63 levels: the limit is 64
+    too_deep = b'{"y":' + b"[" * 64 + b"1" + b"]" * 64 + b"}"  # Arrow reads it, the later stages would not cope
     deserializer = json_deserializer()
-    decoded = decode_all(deserializer, [GOOD[0], deep, unclosed, medium, in_string])
-    check_partition(decoded, 5)
-    assert decoded.fast == [0, 4]
+    decoded = decode_all(deserializer, [GOOD[0], deep, unclosed, medium, in_string, shallow, too_deep])
+    check_partition(decoded, 7)
+    assert decoded.fast == [0, 4, 5]
     assert reasons(decoded)[1].startswith("invalid JSON: depth limit exceeded")
     assert reasons(decoded)[2].startswith("invalid JSON")
-    assert list(decoded.documents) == [3]
+    assert reasons(decoded)[3] == reasons(decoded)[6] == "the JSON value is nested deeper than 64 levels"
+    assert decoded.documents == {}
 
 
 @pytest.mark.parametrize(
@@ -1293,3 +1296,24 @@ def test_json_deep_nesting_never_reaches_arrow() -> None:
 )
 def test_nesting_bound(payload: bytes, deeper: bool) -> None:
     assert serialization._nests_deeper(payload, 1_000) is deeper
+
+
+@pytest.mark.parametrize("schema", ['{"type": "array"}', '{"type": "fixed", "name": "f"}', "null", '{"type": 7}'])
+def test_a_malformed_avro_schema_in_the_registry_is_a_dead_letter(schema: str) -> None:
+    registry = MemoryRegistry()
+    registry.add(9, schema)
+    decoded = decode_all(avro_deserializer(registry), [b"\x00\x00\x00\x00\x09\x02"])
+    assert reasons(decoded)[0].startswith("schema id 9 is not a valid Avro schema")
+
+
+def test_gzip_batches_are_read_in_rounds_of_bounded_inflated_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(serialization, "GZIP_ROUND_BYTES", 100)
+    docs = [{"id": f"g{i}", "pad": "x" * 60} for i in range(6)] + [{"id": "z", "pad": 7}]  # pad: string, then a number
+    payloads = [gzip.compress(json.dumps(doc).encode()) for doc in docs] + [b"not gzip"]
+    deserializer = json_deserializer(gzip=True)
+    decoded = decode_all(deserializer, payloads)
+    check_partition(decoded, 8)
+    assert deserializer.reads >= 6  # one round per payload or two, never all inflated together
+    assert decoded.table.column("id").to_pylist() == [f"g{i}" for i in range(6)]
+    assert decoded.documents == {6: {"id": "z", "pad": 7}}  # its inferred type does not join: the slow lane
+    assert reasons(decoded)[7].startswith("payload is not gzip")
