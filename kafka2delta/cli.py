@@ -136,7 +136,10 @@ def _ingest(config: Config, until_caught_up: bool) -> int:
     metrics = Metrics()
     if config.metrics.port:
         metrics.serve(config.metrics.host, config.metrics.port)
-    source = KafkaSource(config.kafka, partition_eof=until_caught_up)
+    # Headers cost a little per message: read them only when an expression can see the kafka object.
+    expressions = [expression for _, expression in config.transforms] + [config.filter.expression]
+    with_headers = any("kafka" in expression for expression in expressions)
+    source = KafkaSource(config.kafka, partition_eof=until_caught_up, with_headers=with_headers)
     pipeline = build_pipeline(config, writer.schema)
     dead_letters = DeadLetterTable.open(
         config.dead_letter_table_uri,

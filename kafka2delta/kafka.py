@@ -7,10 +7,11 @@ assign with those offsets. confluent-kafka's exceptions are caught here and nowh
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
@@ -62,8 +63,10 @@ class ConsumedBatch:
 
 
 class KafkaSource:
-    def __init__(self, config: KafkaConfig, *, partition_eof: bool = False) -> None:
+    def __init__(self, config: KafkaConfig, *, partition_eof: bool = False, with_headers: bool = True) -> None:
+        """``with_headers=False`` skips reading headers (only transforms use them)."""
         self._config = config
+        self._with_headers = with_headers
         self.topic = config.topic
         settings: dict[str, Any] = {**_DEFAULT_SETTINGS, **config.settings}
         self._cooperative = "cooperative" in str(settings["partition.assignment.strategy"])
@@ -124,25 +127,43 @@ class KafkaSource:
         except KafkaException as exc:
             raise RetryableError(f"consume failed: {exc}") from exc
         batch = ConsumedBatch()
-        for message in messages:
-            error = message.error()
-            if error is not None:
-                self._consume_error(error, message, batch)
-                continue
-            partition, offset = message.partition(), message.offset()
-            assert partition is not None and offset is not None  # set on every non-error message
+        if any(map(Message.error, messages)):  # end-of-partition events, errors: rare, handled one by one
+            good = []
+            for message in messages:
+                error = message.error()
+                if error is None:
+                    good.append(message)
+                else:
+                    self._consume_error(error, message, batch)
+            messages = good
+        # Column by column with C-level map() calls: this is the per-message part of the hot path.
+        # partition() and offset() are set on every message that is not an error.
+        partitions = cast(list[int], list(map(Message.partition, messages)))
+        offsets = cast(list[int], list(map(Message.offset, messages)))
+        payloads = list(map(Message.value, messages))
+        keys = list(map(Message.key, messages))
+        stamps = list(map(Message.timestamp, messages))
+        headers = list(map(Message.headers, messages)) if self._with_headers else None
+        start = 0
+        # librdkafka hands out each partition's messages in runs: one slice per run, not per message.
+        for partition, run in itertools.groupby(partitions):
+            end = start + sum(1 for _ in run)
             group = batch.partitions.get(partition)
             if group is None:
-                group = batch.partitions[partition] = PartitionMessages(self.topic, partition, [], [], [], [], [], [])
-            timestamp_type, timestamp = message.timestamp()
-            group.offsets.append(offset)
-            group.payloads.append(message.value())
-            group.timestamps_ms.append(timestamp)
-            group.keys.append(message.key())  # type: ignore[union-attr]  # created as lists just above
-            group.headers.append(message.headers())  # type: ignore[union-attr,arg-type]  # a list of tuples when read
-            # librdkafka counts 0 none, 1 create, 2 log-append; Kafka (and kafka.timestamp_type) -1, 0, 1.
-            group.timestamp_types.append(timestamp_type - 1)  # type: ignore[union-attr]
-            batch.count += 1
+                group = batch.partitions[partition] = PartitionMessages(
+                    self.topic, partition, [], [], [], [], [] if headers is not None else None, []
+                )
+            group.offsets += offsets[start:end]
+            group.payloads += payloads[start:end]
+            group.keys += keys[start:end]  # type: ignore[operator]  # created as lists just above
+            # librdkafka counts timestamp types 0 none, 1 create, 2 log-append; Kafka (and
+            # kafka.timestamp_type) -1, 0, 1.
+            group.timestamp_types += [kind - 1 for kind, _ in stamps[start:end]]  # type: ignore[operator]
+            group.timestamps_ms += [stamp for _, stamp in stamps[start:end]]
+            if headers is not None:
+                group.headers += headers[start:end]  # type: ignore[operator]
+            start = end
+        batch.count = len(messages)
         return batch
 
     def _consume_error(self, error: KafkaError, message: Message, batch: ConsumedBatch) -> None:

@@ -30,6 +30,10 @@ def load_broker_module() -> ModuleType:
     return _load_dev_module("k2d_dev_broker", ROOT / "dev" / "kafka" / "broker.py")
 
 
+def load_registry_module() -> ModuleType:
+    return _load_dev_module("k2d_dev_registry", ROOT / "dev" / "registry" / "registry.py")
+
+
 @pytest.fixture(scope="session")
 def broker_module() -> ModuleType:
     return load_broker_module()
@@ -55,8 +59,7 @@ def schema_registry_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[st
     if external:
         yield external
         return
-    module = _load_dev_module("k2d_dev_registry", ROOT / "dev" / "registry" / "registry.py")
-    registry = module.LocalRegistry(tmp_path_factory.mktemp("registry"))
+    registry = load_registry_module().LocalRegistry(tmp_path_factory.mktemp("registry"))
     try:
         yield registry.start()
     finally:

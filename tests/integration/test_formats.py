@@ -19,7 +19,8 @@ from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
-from tests.integration.conftest import Message
+from tests.conftest import load_registry_module
+from tests.integration.conftest import Message, wait_for
 from tests.protobuf_support import compile_with_protoc, message_class
 
 
@@ -216,3 +217,38 @@ def test_raw_bytes(setup_factory, daemon_factory) -> None:
     daemon = daemon_factory(setup, "--until-caught-up")
     assert daemon.wait(120) == 0, daemon.log()[-3000:]
     assert sorted(r["payload"] for r in setup.rows()) == sorted(blobs)
+
+
+def test_a_registry_outage_is_retried_never_a_dead_letter(setup_factory, daemon_factory, tmp_path: Path) -> None:
+    """The daemon starts while its registry is down: it backs off with the offsets held, and once the
+    registry is back every message lands; none became a dead letter."""
+    registry = load_registry_module().LocalRegistry(tmp_path / "registry")
+    url = registry.start()
+    setup = setup_factory(
+        1,
+        schema={"id": "string not null", "amount": "double"},
+        sections={"format": {"type": "avro"}, "schema_registry": {"url": url, "timeout_s": 2}},
+    )
+    serializer = avro_serializer(SchemaRegistryClient({"url": url}), 1)
+    context = SerializationContext(setup.topic.name, MessageField.VALUE)
+    ts = dt.datetime(2026, 11, 22, tzinfo=dt.UTC)
+    setup.topic.produce_messages(
+        [
+            Message(0, serializer({"id": f"o{i}", "amount": 1.0, "ts": ts, "user": {"id": i}}, context))
+            for i in range(30)
+        ]
+    )
+    # Stopped, not killed: its H2 store keeps the schema only once flushed (a SIGKILL right after a
+    # registration can lose it, and then the messages would rightly be dead letters: unknown id).
+    registry.stop()
+    try:
+        daemon = daemon_factory(setup)
+        wait_for(lambda: "retrying in" in daemon.log(), 60, "the daemon to back off")
+        assert not setup.ids() and setup.dead_letters() == []
+        registry.start(fresh=False)
+        wait_for(lambda: len(setup.ids()) == 30, 90, "the rows once the registry is back")
+        assert daemon.stop() == 0, daemon.log()[-3000:]
+    finally:
+        registry.stop()
+    assert setup.dead_letters() == []
+    assert f"schema registry {url} is unreachable" in daemon.log()
