@@ -50,7 +50,7 @@ import struct
 import tempfile
 import uuid
 import zlib
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, cast
@@ -939,6 +939,28 @@ class _Group:
     values: list[dict[str, Any]] = field(default_factory=list)
 
 
+def _grouped_decode(
+    messages: PartitionMessages,
+    positions: Sequence[int],
+    read: Callable[[bytes], tuple[Hashable, _Shape, dict[str, Any]]],
+) -> Decoded:
+    """Decode each message with ``read`` (→ writer-schema key, its shape, the record), grouped by writer."""
+    groups: dict[Hashable, _Group] = {}
+    failures: list[tuple[int, MessageError]] = []
+    for position in positions:
+        try:
+            key, shape, value = read(_payload(messages, position))
+        except MessageError as exc:
+            failures.append((position, exc))
+            continue
+        group = groups.get(key)
+        if group is None:
+            group = groups[key] = _Group(shape)
+        group.positions.append(position)
+        group.values.append(value)
+    return _typed_decode(groups.values(), failures)
+
+
 def _typed_decode(groups: Iterable[_Group], failures: list[tuple[int, MessageError]]) -> Decoded:
     """Groups of decoded records (one group per writer schema) → one table, typed by the schemas.
 
@@ -1399,20 +1421,11 @@ class AvroDeserializer(_Base):
         return self._codec.read_record(payload)[2]
 
     def _decode_values(self, messages: PartitionMessages, positions: Sequence[int]) -> Decoded:
-        groups: dict[int, _Group] = {}
-        failures: list[tuple[int, MessageError]] = []
-        for position in positions:
-            try:
-                schema_id, writer, value = self._codec.read_record(_payload(messages, position))
-            except MessageError as exc:
-                failures.append((position, exc))
-                continue
-            group = groups.get(schema_id)
-            if group is None:
-                group = groups[schema_id] = _Group(writer.shape)
-            group.positions.append(position)
-            group.values.append(value)
-        return _typed_decode(groups.values(), failures)
+        def read(payload: bytes) -> tuple[Hashable, _Shape, dict[str, Any]]:
+            schema_id, writer, value = self._codec.read_record(payload)
+            return schema_id, writer.shape, value
+
+        return _grouped_decode(messages, positions, read)
 
 
 # --- Protobuf ------------------------------------------------------------------------------------
@@ -1854,17 +1867,8 @@ class ProtobufDeserializer(_Base):
         return self._codec.read(payload)[2]
 
     def _decode_values(self, messages: PartitionMessages, positions: Sequence[int]) -> Decoded:
-        groups: dict[tuple[int, tuple[int, ...]], _Group] = {}
-        failures: list[tuple[int, MessageError]] = []
-        for position in positions:
-            try:
-                key, message, value = self._codec.read(_payload(messages, position))
-            except MessageError as exc:
-                failures.append((position, exc))
-                continue
-            group = groups.get(key)
-            if group is None:
-                group = groups[key] = _Group(message.shape)
-            group.positions.append(position)
-            group.values.append(value)
-        return _typed_decode(groups.values(), failures)
+        def read(payload: bytes) -> tuple[Hashable, _Shape, dict[str, Any]]:
+            key, message, value = self._codec.read(payload)
+            return key, message.shape, value
+
+        return _grouped_decode(messages, positions, read)

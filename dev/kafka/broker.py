@@ -24,31 +24,41 @@ Environment:
 from __future__ import annotations
 
 import argparse
-import atexit
 import base64
 import contextlib
-import fcntl
-import hashlib
-import os
 import re
-import shlex
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
-from typing import Self
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic  # what confluent_kafka.admin re-exports (not in its __all__)
 
 HERE = Path(__file__).resolve().parent
+# dev/local_server.py is shared with dev/registry/registry.py, and dev/ is no package: put dev/ on sys.path
+# whichever way this file is loaded (run, imported from dev/kafka, loaded by path), last so it shadows nothing.
+if str(HERE.parent) not in sys.path:
+    sys.path.append(str(HERE.parent))
+
+from local_server import (  # noqa: E402
+    LocalServer,
+    cache_dir,
+    cli_parser,
+    ensure_fetched,
+    jvm_options,
+    mvn_copy_dependencies,
+    pom_property,
+    recorded_pid,
+    run_cli,
+    stop_pid,
+    stop_recorded,
+)
+
 POM = HERE / "pom.xml"
 LOG4J_CONFIG = HERE / "log4j2.properties"
 
@@ -67,13 +77,7 @@ DEFAULT_JVM_OPTS: tuple[str, ...] = (
     "-Djava.awt.headless=true",
 )
 
-_MARKER = ".pom-sha256"
-_LOG_TAIL_LINES = 60
-_PORT_IN_USE = re.compile(r"BindException|Address already in use")
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")  # mvn 3.8 emits colour resets even with -B
-_STACK_FRAME = re.compile(r"\s+(at |\.\.\. \d+ more)")
-# Brokers started in-process; stopped at interpreter exit unless detached (CLI).
-_LIVE: set[LocalBroker] = set()
+_JARS = "kafka_2.13-*.jar"  # the broker itself: its presence tells a complete fetch
 
 
 # --------------------------------------------------------------------------- jars
@@ -81,41 +85,18 @@ _LIVE: set[LocalBroker] = set()
 
 def kafka_version() -> str:
     """The Kafka version pinned in pom.xml (``<kafka.version>``)."""
-    match = re.search(r"<kafka\.version>\s*([^<\s]+)\s*</kafka\.version>", POM.read_text())
-    if match is None:
-        raise RuntimeError(f"no <kafka.version> property in {POM}")
-    return match.group(1)
+    return pom_property(POM, "kafka.version")
 
 
 def default_libs_dir() -> Path:
-    env = os.environ.get("K2D_KAFKA_LIBS")
-    if env:
-        return Path(env).expanduser()
-    return Path.home() / ".cache" / "kafka2delta" / f"kafka-libs-{kafka_version()}"
+    return cache_dir("K2D_KAFKA_LIBS", f"kafka-libs-{kafka_version()}")
 
 
-def _pom_hash() -> str:
-    return hashlib.sha256(POM.read_bytes()).hexdigest()
-
-
-def _jars_ok(libs: Path, pom_hash: str) -> bool:
-    marker = libs / _MARKER
-    try:
-        recorded = marker.read_text().strip()
-    except OSError:
-        return False
-    return recorded == pom_hash and any(libs.glob("kafka_2.13-*.jar"))
-
-
-@contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+def _fetch_jars(tmp: Path) -> Path:
+    run = mvn_copy_dependencies(POM, tmp, "-DincludeScope=runtime", fetches="the Kafka jars")
+    if run.proc.returncode != 0 or not any(tmp.glob(_JARS)):
+        raise run.error("fetching Kafka jars")
+    return tmp
 
 
 def ensure_jars(libs_dir: Path | None = None) -> Path:
@@ -126,57 +107,10 @@ def ensure_jars(libs_dir: Path | None = None) -> Path:
     several processes at once (file lock; fetch into a temp dir, then rename).
     """
     libs = (libs_dir if libs_dir is not None else default_libs_dir()).expanduser().resolve()
-    pom_hash = _pom_hash()
-    if _jars_ok(libs, pom_hash):
-        return libs
-    with _file_lock(libs.parent / f".{libs.name}.lock"):
-        if _jars_ok(libs, pom_hash):
-            return libs
-        mvn = shutil.which("mvn")
-        if mvn is None:
-            raise RuntimeError("mvn not found on PATH; it is needed once to fetch the Kafka jars")
-        tmp = libs.parent / f".{libs.name}.tmp-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        cmd = [
-            mvn,
-            "-q",
-            "-B",
-            "-f",
-            str(POM),
-            "dependency:copy-dependencies",
-            "-DincludeScope=runtime",
-            f"-DoutputDirectory={tmp}",
-        ]
-        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        if proc.returncode != 0 or not any(tmp.glob("kafka_2.13-*.jar")):
-            shutil.rmtree(tmp, ignore_errors=True)
-            out, err = (_ANSI.sub("", text).strip() for text in (proc.stdout, proc.stderr))
-            raise RuntimeError(
-                f"fetching Kafka jars failed (exit {proc.returncode}): {shlex.join(cmd)}\n"
-                f"--- mvn stdout ---\n{out}\n--- mvn stderr ---\n{err}"
-            )
-        (tmp / _MARKER).write_text(pom_hash + "\n")
-        if libs.exists():
-            shutil.rmtree(libs)
-        tmp.rename(libs)
-    return libs
+    return ensure_fetched(libs, POM, complete=lambda done: any(done.glob(_JARS)), fetch=_fetch_jars)
 
 
 # ------------------------------------------------------------------------ helpers
-
-
-def _free_ports(count: int) -> list[int]:
-    """Distinct free TCP ports on 127.0.0.1 (all sockets held open while picking)."""
-    socks: list[socket.socket] = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def _cluster_id() -> str:
@@ -207,48 +141,23 @@ def _answers(bootstrap: str, timeout: float) -> bool:
     return bool(md.brokers)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie is as good as dead
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
-
-
-def _signal_group(pid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, sig)  # the broker leads its own process group (new session)
-
-
-def _tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:
-    """Last lines of a log, minus Java stack frames (kept: messages and "Caused by:")."""
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return f"(no {path})"
-    kept = [line for line in text.splitlines() if not _STACK_FRAME.match(line)]
-    return "\n".join(kept[-lines:])
-
-
 # ------------------------------------------------------------------------- broker
 
 
-class _PortInUseError(RuntimeError):
-    pass
-
-
-class LocalBroker:
+class LocalBroker(LocalServer):
     """One combined broker+controller Kafka node listening on 127.0.0.1.
 
     Files in ``work_dir``: server.properties, broker.log (JVM stdout/stderr, log4j),
     broker.pid, data/ (log.dirs, wiped by a fresh start).
     """
+
+    LABEL = "Kafka broker"
+    PID_FILE = "broker.pid"
+    LOG_FILE = "broker.log"
+    PORT_IN_USE = re.compile(r"BindException|Address already in use")
+    PROBE_TIMEOUT = 1.0
+
+    controller_port: int
 
     def __init__(
         self,
@@ -260,23 +169,18 @@ class LocalBroker:
         jvm_opts: Sequence[str] | None = None,
         properties: Mapping[str, str] | None = None,
     ) -> None:
-        self.work_dir = Path(work_dir).resolve()
-        self._auto_port = port is None
-        self._auto_controller_port = controller_port is None
-        free = _free_ports(2)
-        self.port: int = port if port is not None else free[0]
-        self.controller_port: int = controller_port if controller_port is not None else free[1]
+        super().__init__(work_dir, port, controller_port)
         if self.port == self.controller_port:
             raise ValueError("port and controller_port must differ")
         self._libs_dir = libs_dir
-        if jvm_opts is not None:
-            self._jvm_opts = tuple(jvm_opts)
-        elif os.environ.get("K2D_KAFKA_JVM_OPTS"):
-            self._jvm_opts = tuple(shlex.split(os.environ["K2D_KAFKA_JVM_OPTS"]))
-        else:
-            self._jvm_opts = DEFAULT_JVM_OPTS
+        self._jvm_opts = jvm_options(jvm_opts, "K2D_KAFKA_JVM_OPTS", DEFAULT_JVM_OPTS)
         self._extra_properties = dict(properties or {})
-        self._proc: subprocess.Popen[bytes] | None = None
+
+    def _ports(self) -> tuple[int, int]:
+        return self.port, self.controller_port
+
+    def _set_ports(self, port: int, second_port: int) -> None:
+        self.port, self.controller_port = port, second_port
 
     # -- paths / properties
 
@@ -285,27 +189,12 @@ class LocalBroker:
         return f"127.0.0.1:{self.port}"
 
     @property
-    def data_dir(self) -> Path:
-        return self.work_dir / "data"
-
-    @property
-    def log_path(self) -> Path:
-        return self.work_dir / "broker.log"
-
-    @property
-    def pid_path(self) -> Path:
-        return self.work_dir / "broker.pid"
+    def _address(self) -> str:
+        return self.bootstrap_servers
 
     @property
     def config_path(self) -> Path:
         return self.work_dir / "server.properties"
-
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
-
-    def is_running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
 
     def server_properties(self) -> str:
         p, c = self.port, self.controller_port
@@ -359,21 +248,7 @@ class LocalBroker:
             raise RuntimeError(f"broker already running (pid {self.pid})")
         deadline = time.monotonic() + timeout
         libs = ensure_jars(self._libs_dir)
-        # A free port picked in __init__ can be taken by someone else before java binds it:
-        # retry with newly picked ports (only the ones the caller left to us).
-        attempts = 3 if (self._auto_port or self._auto_controller_port) else 1
-        for attempt in range(1, attempts + 1):
-            try:
-                return self._start_once(libs, deadline, fresh=fresh)
-            except _PortInUseError:
-                if attempt == attempts:
-                    raise
-                free = _free_ports(2)
-                if self._auto_port:
-                    self.port = free[0]
-                if self._auto_controller_port:
-                    self.controller_port = free[1]
-        raise AssertionError("unreachable")
+        return self._start_retrying(lambda: self._start_once(libs, deadline, fresh=fresh))
 
     def _start_once(self, libs: Path, deadline: float, *, fresh: bool) -> str:
         self.work_dir.mkdir(parents=True, exist_ok=True)
@@ -400,96 +275,10 @@ class LocalBroker:
             )
             if fmt.returncode != 0:
                 raise RuntimeError(f"kafka storage format failed (exit {fmt.returncode}):\n{fmt.stdout}{fmt.stderr}")
-        mode = "wb" if fresh else "ab"
-        with self.log_path.open(mode) as log:
-            self._proc = subprocess.Popen(
-                self._java(libs, "kafka.Kafka", str(self.config_path)),
-                cwd=self.work_dir,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # own session + process group; survives the CLI
-            )
-        self.pid_path.write_text(f"{self._proc.pid}\n")
-        _LIVE.add(self)
-        while True:
-            code = self._proc.poll()
-            if code is not None:
-                self._forget()
-                tail = _tail(self.log_path)
-                msg = f"Kafka broker exited with code {code} during startup; tail of {self.log_path}:\n{tail}"
-                if _PORT_IN_USE.search(tail):
-                    raise _PortInUseError(
-                        f"port {self.port} or {self.controller_port} on 127.0.0.1 already in use. {msg}"
-                    )
-                raise RuntimeError(msg)
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                self.kill()
-                raise RuntimeError(
-                    f"Kafka broker at {self.bootstrap_servers} not ready in time; "
-                    f"tail of {self.log_path}:\n{_tail(self.log_path)}"
-                )
-            if _answers(self.bootstrap_servers, timeout=min(1.0, max(remaining, 0.1))):
-                return self.bootstrap_servers
-            time.sleep(0.1)
+        return self._run(self._java(libs, "kafka.Kafka", str(self.config_path)), deadline, fresh=fresh)
 
-    def stop(self, timeout: float = 30) -> None:
-        """Graceful stop: SIGTERM, wait up to ``timeout``, then SIGKILL. Idempotent."""
-        proc = self._proc
-        if proc is None:
-            return
-        if proc.poll() is None:
-            _signal_group(proc.pid, signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=timeout)
-        _signal_group(proc.pid, signal.SIGKILL)  # stragglers in the group, if any
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=10)
-        self._forget()
-
-    def kill(self) -> None:
-        """Hard crash: SIGKILL the process group, no clean shutdown. Data is kept."""
-        proc = self._proc
-        if proc is None:
-            return
-        _signal_group(proc.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=10)
-        self._forget()
-
-    def _forget(self) -> None:
-        self._proc = None
-        _LIVE.discard(self)
-        with contextlib.suppress(FileNotFoundError):
-            self.pid_path.unlink()
-
-    def _detach(self) -> None:
-        """Leave the broker running after this interpreter exits (CLI use)."""
-        _LIVE.discard(self)
-        self._proc = None
-
-    def __enter__(self) -> Self:
-        if not self.is_running():
-            self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-    def __repr__(self) -> str:
-        return f"LocalBroker({str(self.work_dir)!r}, port={self.port}, pid={self.pid})"
-
-
-@atexit.register
-def _stop_live_brokers() -> None:
-    for broker in list(_LIVE):
-        broker.stop(timeout=10)
+    def _ready(self, timeout: float) -> bool:
+        return _answers(self.bootstrap_servers, timeout=timeout)
 
 
 # ------------------------------------------------------------------------- topics
@@ -539,34 +328,19 @@ def create_topic(
 
 def _recorded(work_dir: Path) -> tuple[int, str] | None:
     """(pid, bootstrap) of the broker recorded in work_dir, if that process is alive."""
+    config = work_dir / "server.properties"
+    # Must be *our* kafka.Kafka for this work_dir, not whatever reused the pid.
+    pid = recorded_pid(work_dir / LocalBroker.PID_FILE, b"kafka.Kafka", str(config).encode())
+    if pid is None:
+        return None
     try:
-        pid = int((work_dir / "broker.pid").read_text().strip())
-        props = (work_dir / "server.properties").read_text()
-    except (OSError, ValueError):
-        return None
-    if not _pid_alive(pid):
-        return None
-    try:  # guard against pid reuse: must be *our* kafka.Kafka for this work_dir
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        props = config.read_text()
     except OSError:
-        return None
-    if b"kafka.Kafka" not in cmdline or str(work_dir / "server.properties").encode() not in cmdline:
         return None
     match = re.search(r"^listeners=PLAINTEXT://([^,\s]+)", props, re.MULTILINE)
     if match is None:
         return None
     return pid, match.group(1)
-
-
-def _stop_pid(pid: int, timeout: float = 30) -> None:
-    _signal_group(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while _pid_alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    _signal_group(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while _pid_alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
 
 
 def _cmd_start(args: argparse.Namespace) -> int:
@@ -580,7 +354,7 @@ def _cmd_start(args: argparse.Namespace) -> int:
             print(bootstrap)
             return 0
         print(f"replacing kafka pid {pid} in {work_dir}", file=sys.stderr)
-        _stop_pid(pid)
+        stop_pid(pid)
     broker = LocalBroker(work_dir, port=args.port, controller_port=args.controller_port)
     t0 = time.monotonic()
     bootstrap = broker.start(timeout=args.timeout)
@@ -596,14 +370,7 @@ def _cmd_start(args: argparse.Namespace) -> int:
 def _cmd_stop(args: argparse.Namespace) -> int:
     work_dir = Path(args.dir).resolve()
     rec = _recorded(work_dir)
-    if rec is None:
-        print(f"no kafka running in {work_dir}", file=sys.stderr)
-    else:
-        _stop_pid(rec[0])
-        print(f"kafka pid {rec[0]} stopped", file=sys.stderr)
-    with contextlib.suppress(FileNotFoundError):
-        (work_dir / "broker.pid").unlink()
-    return 0
+    return stop_recorded(work_dir, rec[0] if rec else None, work_dir / LocalBroker.PID_FILE, "kafka")
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
@@ -616,28 +383,17 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Local single-node Kafka for kafka2delta dev/tests")
-    sub = parser.add_subparsers(dest="command", required=True)
-    start = sub.add_parser("start", help="start (or reuse) a detached broker; prints bootstrap servers")
-    start.add_argument("--dir", default=str(DEFAULT_DIR), help=f"work dir (default {DEFAULT_DIR})")
+    parser, start = cli_parser(
+        "Local single-node Kafka for kafka2delta dev/tests",
+        DEFAULT_DIR,
+        start=(_cmd_start, "start (or reuse) a detached broker; prints bootstrap servers"),
+        stop=(_cmd_stop, "stop the broker recorded in DIR"),
+        status=(_cmd_status, "print bootstrap servers if running (exit 1 if not)"),
+    )
     start.add_argument("--port", type=int, default=DEFAULT_PORT)
     start.add_argument("--controller-port", type=int, default=DEFAULT_CONTROLLER_PORT)
     start.add_argument("--timeout", type=float, default=90.0, help="seconds to wait for readiness")
-    start.set_defaults(func=_cmd_start)
-    for name, func, text in (
-        ("stop", _cmd_stop, "stop the broker recorded in DIR"),
-        ("status", _cmd_status, "print bootstrap servers if running (exit 1 if not)"),
-    ):
-        p = sub.add_parser(name, help=text)
-        p.add_argument("--dir", default=str(DEFAULT_DIR), help=f"work dir (default {DEFAULT_DIR})")
-        p.set_defaults(func=func)
-    args = parser.parse_args(argv)
-    try:
-        result: int = args.func(args)
-    except RuntimeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    return result
+    return run_cli(parser, argv)
 
 
 if __name__ == "__main__":

@@ -28,16 +28,12 @@ Environment:
 from __future__ import annotations
 
 import argparse
-import atexit
 import base64
 import contextlib
-import fcntl
 import hashlib
 import os
 import re
-import shlex
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -46,13 +42,32 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from functools import cache
 from pathlib import Path
-from types import TracebackType
-from typing import NamedTuple, Self
+from typing import NamedTuple
 
 HERE = Path(__file__).resolve().parent
+# dev/local_server.py is shared with dev/kafka/broker.py, and dev/ is no package: put dev/ on sys.path
+# whichever way this file is loaded (run, imported from dev/registry, loaded by path), last so it shadows nothing.
+if str(HERE.parent) not in sys.path:
+    sys.path.append(str(HERE.parent))
+
+from local_server import (  # noqa: E402
+    LocalServer,
+    PortInUseError,
+    cache_dir,
+    cli_parser,
+    ensure_fetched,
+    jvm_options,
+    mvn_copy_dependencies,
+    pom_property,
+    recorded_pid,
+    run_cli,
+    stop_pid,
+    stop_recorded,
+)
+
 POM = HERE / "pom.xml"
 
 DEFAULT_DIR = Path(".k2d/registry")
@@ -70,7 +85,6 @@ DEFAULT_JVM_OPTS: tuple[str, ...] = (
     "-Djava.awt.headless=true",
 )
 
-_MARKER = ".pom-sha256"
 _RUNNER = "quarkus-run.jar"
 _DIR_PROP = "-Dk2d.registry.dir="  # on the java command line: lets status/stop recognise our process
 _CONFIG = Path("config") / "application.properties"  # Quarkus reads $PWD/config/application.properties
@@ -78,17 +92,11 @@ _CONFIG = Path("config") / "application.properties"  # Quarkus reads $PWD/config
 # answering on the port is the one just launched (and not another registry that holds the port).
 _TOKEN_HEADER = "X-K2D-Registry"
 _TOKEN_PROPERTY = f'quarkus.http.header."{_TOKEN_HEADER}".value'
-_LOG_TAIL_LINES = 60
 _USER = re.compile(r"[A-Za-z0-9_.-]+")
 _COMPATIBILITY = frozenset(
     {"NONE", "BACKWARD", "BACKWARD_TRANSITIVE", "FORWARD", "FORWARD_TRANSITIVE", "FULL", "FULL_TRANSITIVE"}
 )
-_PORT_IN_USE = re.compile(r"BindException|Address already in use|seems to be in use")
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")  # mvn 3.8 emits colour resets even with -B
-_STACK_FRAME = re.compile(r"\s+(at |\.\.\. \d+ more)")
 _JAVA_VERSION = re.compile(r'version "(\d+)(?:\.(\d+))?')
-# Registries started in-process; stopped at interpreter exit unless detached (CLI).
-_LIVE: set[LocalRegistry] = set()
 
 
 # ---------------------------------------------------------------------------- app
@@ -96,40 +104,25 @@ _LIVE: set[LocalRegistry] = set()
 
 def apicurio_version() -> str:
     """The Apicurio Registry version pinned in pom.xml (``<apicurio.version>``)."""
-    match = re.search(r"<apicurio\.version>\s*([^<\s]+)\s*</apicurio\.version>", POM.read_text())
-    if match is None:
-        raise RuntimeError(f"no <apicurio.version> property in {POM}")
-    return match.group(1)
+    return pom_property(POM, "apicurio.version")
 
 
 def default_app_dir() -> Path:
-    env = os.environ.get("K2D_REGISTRY_APP")
-    if env:
-        return Path(env).expanduser()
-    return Path.home() / ".cache" / "kafka2delta" / f"apicurio-registry-{apicurio_version()}"
+    return cache_dir("K2D_REGISTRY_APP", f"apicurio-registry-{apicurio_version()}")
 
 
-def _pom_hash() -> str:
-    return hashlib.sha256(POM.read_bytes()).hexdigest()
-
-
-def _app_ok(app: Path, pom_hash: str) -> bool:
-    try:
-        recorded = (app / _MARKER).read_text().strip()
-    except OSError:
-        return False
-    return recorded == pom_hash and (app / _RUNNER).is_file()
-
-
-@contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+def _fetch_app(tmp: Path) -> Path:
+    download = tmp / "download"
+    run = mvn_copy_dependencies(POM, download, fetches="Apicurio Registry")
+    tarballs = sorted(download.glob("apicurio-registry-app-*-all.tar.gz"))
+    if run.proc.returncode != 0 or len(tarballs) != 1:
+        raise run.error("fetching Apicurio Registry", f", tarballs {tarballs}")
+    unpacked = tmp / "app"
+    with tarfile.open(tarballs[0]) as tar:
+        tar.extractall(unpacked, filter="data")
+    if not (unpacked / _RUNNER).is_file():
+        raise RuntimeError(f"{tarballs[0].name} has no top-level {_RUNNER}")
+    return unpacked
 
 
 def ensure_app(app_dir: Path | None = None) -> Path:
@@ -140,48 +133,7 @@ def ensure_app(app_dir: Path | None = None) -> Path:
     at once (file lock; fetch and unpack into a temp dir, then rename).
     """
     app = (app_dir if app_dir is not None else default_app_dir()).expanduser().resolve()
-    pom_hash = _pom_hash()
-    if _app_ok(app, pom_hash):
-        return app
-    with _file_lock(app.parent / f".{app.name}.lock"):
-        if _app_ok(app, pom_hash):
-            return app
-        mvn = shutil.which("mvn")
-        if mvn is None:
-            raise RuntimeError("mvn not found on PATH; it is needed once to fetch Apicurio Registry")
-        tmp = app.parent / f".{app.name}.tmp-{os.getpid()}"
-        download = tmp / "download"
-        shutil.rmtree(tmp, ignore_errors=True)
-        cmd = [
-            mvn,
-            "-q",
-            "-B",
-            "-f",
-            str(POM),
-            "dependency:copy-dependencies",
-            f"-DoutputDirectory={download}",
-        ]
-        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        tarballs = sorted(download.glob("apicurio-registry-app-*-all.tar.gz"))
-        if proc.returncode != 0 or len(tarballs) != 1:
-            shutil.rmtree(tmp, ignore_errors=True)
-            out, err = (_ANSI.sub("", text).strip() for text in (proc.stdout, proc.stderr))
-            raise RuntimeError(
-                f"fetching Apicurio Registry failed (exit {proc.returncode}, tarballs {tarballs}): "
-                f"{shlex.join(cmd)}\n--- mvn stdout ---\n{out}\n--- mvn stderr ---\n{err}"
-            )
-        unpacked = tmp / "app"
-        with tarfile.open(tarballs[0]) as tar:
-            tar.extractall(unpacked, filter="data")
-        if not (unpacked / _RUNNER).is_file():
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise RuntimeError(f"{tarballs[0].name} has no top-level {_RUNNER}")
-        (unpacked / _MARKER).write_text(pom_hash + "\n")
-        if app.exists():
-            shutil.rmtree(app)
-        unpacked.rename(app)
-        shutil.rmtree(tmp, ignore_errors=True)
-    return app
+    return ensure_fetched(app, POM, complete=lambda done: (done / _RUNNER).is_file(), fetch=_fetch_app)
 
 
 # ------------------------------------------------------------------------ java
@@ -250,20 +202,6 @@ def find_java(min_version: int = MIN_JAVA) -> str:
 # ------------------------------------------------------------------------ helpers
 
 
-def _free_ports(count: int) -> list[int]:
-    """Distinct free TCP ports on 127.0.0.1 (all sockets held open while picking)."""
-    socks: list[socket.socket] = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 def _auth_header(basic_auth: tuple[str, str] | None) -> dict[str, str]:
     if basic_auth is None:
         return {}
@@ -290,35 +228,6 @@ def _port_taken(port: int) -> bool:
         except OSError:
             return True
     return False
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie is as good as dead
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
-
-
-def _signal_group(pid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, sig)  # the registry leads its own process group (new session)
-
-
-def _tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:
-    """Last lines of a log, minus Java stack frames (kept: messages and "Caused by:")."""
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return f"(no {path})"
-    kept = [line for line in text.splitlines() if not _STACK_FRAME.match(line)]
-    return "\n".join(kept[-lines:])
 
 
 def _escape_property(text: str, *, key: bool) -> str:
@@ -350,11 +259,7 @@ def _read_properties(path: Path) -> dict[str, str]:
 # ----------------------------------------------------------------------- registry
 
 
-class _PortInUseError(RuntimeError):
-    pass
-
-
-class LocalRegistry:
+class LocalRegistry(LocalServer):
     """One Apicurio Registry (H2 storage in ``work_dir/data``) listening on 127.0.0.1.
 
     Two ports: ``port`` serves the APIs (Confluent-compatible one at :attr:`url`), and
@@ -373,6 +278,14 @@ class LocalRegistry:
     start), tmp/ (java.io.tmpdir).
     """
 
+    LABEL = "schema registry"
+    PID_FILE = "registry.pid"
+    LOG_FILE = "registry.log"
+    PORT_IN_USE = re.compile(r"BindException|Address already in use|seems to be in use")
+    PROBE_TIMEOUT = 2.0
+
+    management_port: int
+
     def __init__(
         self,
         work_dir: Path,
@@ -387,12 +300,7 @@ class LocalRegistry:
         properties: Mapping[str, str] | None = None,
         cds: bool | None = None,
     ) -> None:
-        self.work_dir = Path(work_dir).resolve()
-        self._auto_port = port is None
-        self._auto_management_port = management_port is None
-        free = _free_ports(2)
-        self.port: int = port if port is not None else free[0]
-        self.management_port: int = management_port if management_port is not None else free[1]
+        super().__init__(work_dir, port, management_port)
         if self.port == self.management_port:
             raise ValueError("port and management_port must differ")
         if compatibility is not None and compatibility not in _COMPATIBILITY:
@@ -403,16 +311,16 @@ class LocalRegistry:
         self.basic_auth = basic_auth
         self._app_dir = app_dir
         self._java = java
-        if jvm_opts is not None:
-            self._jvm_opts = tuple(jvm_opts)
-        elif os.environ.get("K2D_REGISTRY_JVM_OPTS"):
-            self._jvm_opts = tuple(shlex.split(os.environ["K2D_REGISTRY_JVM_OPTS"]))
-        else:
-            self._jvm_opts = DEFAULT_JVM_OPTS
+        self._jvm_opts = jvm_options(jvm_opts, "K2D_REGISTRY_JVM_OPTS", DEFAULT_JVM_OPTS)
         self._extra_properties = dict(properties or {})
         self._cds = cds if cds is not None else os.environ.get("K2D_REGISTRY_CDS", "1") != "0"
-        self._proc: subprocess.Popen[bytes] | None = None
         self._token = uuid.uuid4().hex
+
+    def _ports(self) -> tuple[int, int]:
+        return self.port, self.management_port
+
+    def _set_ports(self, port: int, second_port: int) -> None:
+        self.port, self.management_port = port, second_port
 
     # -- urls / paths / properties
 
@@ -437,27 +345,12 @@ class LocalRegistry:
         return conf
 
     @property
-    def data_dir(self) -> Path:
-        return self.work_dir / "data"
-
-    @property
-    def log_path(self) -> Path:
-        return self.work_dir / "registry.log"
-
-    @property
-    def pid_path(self) -> Path:
-        return self.work_dir / "registry.pid"
+    def _address(self) -> str:
+        return self.url
 
     @property
     def config_path(self) -> Path:
         return self.work_dir / _CONFIG
-
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
-
-    def is_running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
 
     def application_properties(self) -> str:
         tmp = self.work_dir / "tmp"
@@ -530,26 +423,12 @@ class LocalRegistry:
         deadline = time.monotonic() + timeout
         app = ensure_app(self._app_dir)
         java = self._java or find_java()
-        # A free port picked in __init__ can be taken by someone else before java binds it:
-        # retry with newly picked ports (only the ones the caller left to us).
-        attempts = 3 if (self._auto_port or self._auto_management_port) else 1
-        for attempt in range(1, attempts + 1):
-            try:
-                return self._start_once(app, java, deadline, fresh=fresh)
-            except _PortInUseError:
-                if attempt == attempts:
-                    raise
-                free = _free_ports(2)
-                if self._auto_port:
-                    self.port = free[0]
-                if self._auto_management_port:
-                    self.management_port = free[1]
-        raise AssertionError("unreachable")
+        return self._start_retrying(lambda: self._start_once(app, java, deadline, fresh=fresh))
 
     def _start_once(self, app: Path, java: str, deadline: float, *, fresh: bool) -> str:
         taken = [p for p in (self.port, self.management_port) if _port_taken(p)]
         if taken:
-            raise _PortInUseError(f"port {taken[0]} on 127.0.0.1 already in use (another registry?)")
+            raise PortInUseError(f"port {taken[0]} on 127.0.0.1 already in use (another registry?)")
         self._token = uuid.uuid4().hex
         self.work_dir.mkdir(parents=True, exist_ok=True)
         if fresh:
@@ -558,94 +437,10 @@ class LocalRegistry:
         for sub in (self.data_dir, self.work_dir / "tmp", self.config_path.parent):
             sub.mkdir(parents=True, exist_ok=True)
         self.config_path.write_text(self.application_properties())
-        with self.log_path.open("wb" if fresh else "ab") as log:
-            self._proc = subprocess.Popen(
-                self._command(app, java),
-                cwd=self.work_dir,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # own session + process group; survives the CLI
-            )
-        self.pid_path.write_text(f"{self._proc.pid}\n")
-        _LIVE.add(self)
-        while True:
-            code = self._proc.poll()
-            if code is not None:
-                self._forget()
-                tail = _tail(self.log_path)
-                msg = f"schema registry exited with code {code} during startup; tail of {self.log_path}:\n{tail}"
-                if _PORT_IN_USE.search(tail):
-                    raise _PortInUseError(
-                        f"port {self.port} or {self.management_port} on 127.0.0.1 already in use. {msg}"
-                    )
-                raise RuntimeError(msg)
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                self.kill()
-                raise RuntimeError(
-                    f"schema registry at {self.url} not ready in time; tail of {self.log_path}:\n{_tail(self.log_path)}"
-                )
-            if _answers(self.url, min(2.0, max(remaining, 0.1)), self.basic_auth, self._token):
-                return self.url
-            time.sleep(0.1)
+        return self._run(self._command(app, java), deadline, fresh=fresh)
 
-    def stop(self, timeout: float = 30) -> None:
-        """Graceful stop: SIGTERM, wait up to ``timeout``, then SIGKILL. Idempotent."""
-        proc = self._proc
-        if proc is None:
-            return
-        if proc.poll() is None:
-            _signal_group(proc.pid, signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=timeout)
-        _signal_group(proc.pid, signal.SIGKILL)  # stragglers in the group, if any
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=10)
-        self._forget()
-
-    def kill(self) -> None:
-        """Hard crash: SIGKILL the process group, no clean shutdown. Data is kept."""
-        proc = self._proc
-        if proc is None:
-            return
-        _signal_group(proc.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=10)
-        self._forget()
-
-    def _forget(self) -> None:
-        self._proc = None
-        _LIVE.discard(self)
-        with contextlib.suppress(FileNotFoundError):
-            self.pid_path.unlink()
-
-    def _detach(self) -> None:
-        """Leave the registry running after this interpreter exits (CLI use)."""
-        _LIVE.discard(self)
-        self._proc = None
-
-    def __enter__(self) -> Self:
-        if not self.is_running():
-            self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-    def __repr__(self) -> str:
-        return f"LocalRegistry({str(self.work_dir)!r}, port={self.port}, pid={self.pid})"
-
-
-@atexit.register
-def _stop_live_registries() -> None:
-    for registry in list(_LIVE):
-        registry.stop(timeout=10)
+    def _ready(self, timeout: float) -> bool:
+        return _answers(self.url, timeout, self.basic_auth, self._token)
 
 
 # ---------------------------------------------------------------------------- CLI
@@ -664,35 +459,21 @@ class _Recorded(NamedTuple):
 
 def _recorded(work_dir: Path) -> _Recorded | None:
     """The registry recorded in work_dir (pid file + config), if that process is alive."""
+    # Must be *our* registry for this work_dir, not whatever reused the pid.
+    pid = recorded_pid(work_dir / LocalRegistry.PID_FILE, f"{_DIR_PROP}{work_dir}".encode())
+    if pid is None:
+        return None
     try:
-        pid = int((work_dir / "registry.pid").read_text().strip())
         props = _read_properties(work_dir / _CONFIG)
     except (OSError, ValueError):
         return None
-    if not _pid_alive(pid):
-        return None
-    try:  # guard against pid reuse: must be *our* registry for this work_dir
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return None
-    if f"{_DIR_PROP}{work_dir}".encode() not in cmdline or "quarkus.http.port" not in props:
+    if "quarkus.http.port" not in props:
         return None
     url = f"http://127.0.0.1:{props['quarkus.http.port']}{CCOMPAT_PATH}"
     prefix = "quarkus.security.users.embedded.users."
     users = [(k.removeprefix(prefix), v) for k, v in props.items() if k.startswith(prefix)]
     auth = users[0] if props.get("quarkus.http.auth.basic") == "true" and users else None
     return _Recorded(pid, url, auth, props.get(_TOKEN_PROPERTY), props.get("apicurio.rules.global.compatibility"))
-
-
-def _stop_pid(pid: int, timeout: float = 30) -> None:
-    _signal_group(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while _pid_alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    _signal_group(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while _pid_alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
 
 
 def _parse_basic_auth(text: str | None) -> tuple[str, str] | None:
@@ -716,7 +497,7 @@ def _cmd_start(args: argparse.Namespace) -> int:
             print(rec.url)
             return 0
         print(f"replacing schema registry pid {rec.pid} in {work_dir}", file=sys.stderr)
-        _stop_pid(rec.pid)
+        stop_pid(rec.pid)
     registry = LocalRegistry(
         work_dir,
         port=args.port,
@@ -739,14 +520,7 @@ def _cmd_start(args: argparse.Namespace) -> int:
 def _cmd_stop(args: argparse.Namespace) -> int:
     work_dir = Path(args.dir).resolve()
     rec = _recorded(work_dir)
-    if rec is None:
-        print(f"no schema registry running in {work_dir}", file=sys.stderr)
-    else:
-        _stop_pid(rec.pid)
-        print(f"schema registry pid {rec.pid} stopped", file=sys.stderr)
-    with contextlib.suppress(FileNotFoundError):
-        (work_dir / "registry.pid").unlink()
-    return 0
+    return stop_recorded(work_dir, rec.pid if rec else None, work_dir / LocalRegistry.PID_FILE, "schema registry")
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
@@ -759,10 +533,13 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Local Confluent-compatible schema registry for kafka2delta dev/tests")
-    sub = parser.add_subparsers(dest="command", required=True)
-    start = sub.add_parser("start", help="start (or reuse) a detached registry; prints the ccompat URL")
-    start.add_argument("--dir", default=str(DEFAULT_DIR), help=f"work dir (default {DEFAULT_DIR})")
+    parser, start = cli_parser(
+        "Local Confluent-compatible schema registry for kafka2delta dev/tests",
+        DEFAULT_DIR,
+        start=(_cmd_start, "start (or reuse) a detached registry; prints the ccompat URL"),
+        stop=(_cmd_stop, "stop the registry recorded in DIR"),
+        status=(_cmd_status, "print the ccompat URL if running (exit 1 if not)"),
+    )
     start.add_argument("--port", type=int, default=DEFAULT_PORT)
     start.add_argument("--management-port", type=int, default=None, help="health/metrics port (default: a free one)")
     start.add_argument(
@@ -773,21 +550,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     start.add_argument("--basic-auth", metavar="USER:PASSWORD", help="require HTTP basic auth on the APIs")
     start.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for readiness")
-    start.set_defaults(func=_cmd_start)
-    for name, func, text in (
-        ("stop", _cmd_stop, "stop the registry recorded in DIR"),
-        ("status", _cmd_status, "print the ccompat URL if running (exit 1 if not)"),
-    ):
-        p = sub.add_parser(name, help=text)
-        p.add_argument("--dir", default=str(DEFAULT_DIR), help=f"work dir (default {DEFAULT_DIR})")
-        p.set_defaults(func=func)
-    args = parser.parse_args(argv)
-    try:
-        result: int = args.func(args)
-    except (RuntimeError, argparse.ArgumentTypeError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    return result
+    # _parse_basic_auth runs in _cmd_start, so a malformed --basic-auth is an error line, not a usage message.
+    return run_cli(parser, argv, (RuntimeError, argparse.ArgumentTypeError))
 
 
 if __name__ == "__main__":

@@ -5,18 +5,17 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
-from collections.abc import Sequence
 from decimal import Decimal
 from typing import Any
 
 import pyarrow as pa
-import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from kafka2delta.coercions import CoercedTable, CoercionOptions, coerce_document, coerce_table
+from kafka2delta.coercions import CoercionOptions, coerce_document
 from kafka2delta.errors import MessageError
 from kafka2delta.schema import parse_type
+from tests.unit.test_coercions import check_fast_lane
 
 PROPERTY_SETTINGS = settings(
     max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
@@ -175,26 +174,6 @@ def test_reference_lane_one_column_at_a_time(column: pa.Field, value: Any, optio
 
 
 # -- the fast lane agrees -----------------------------------------------------------------------
-
-
-def check_fast_lane(
-    documents: Sequence[dict[str, Any]], table: pa.Table, schema: pa.Schema, options: CoercionOptions
-) -> CoercedTable:
-    result = coerce_table(table, schema, options)
-    assert result.rows.schema == schema
-    assert result.kept == sorted(result.kept) and result.fallback == sorted(result.fallback)
-    assert sorted(result.kept + result.fallback) == list(range(table.num_rows))
-    unknown = 0
-    for output_row, position in enumerate(result.kept):
-        try:
-            row, dropped = coerce_document(documents[position], schema, options)
-        except MessageError as exc:
-            pytest.fail(f"fast lane kept {documents[position]!r}, which the reference rejects: {exc}")
-        expected = pa.Table.from_pylist([row], schema=schema).to_pylist()
-        assert result.rows.slice(output_row, 1).to_pylist() == expected, documents[position]
-        unknown += dropped
-    assert result.unknown_fields == unknown
-    return result
 
 
 def with_unit(values: st.SearchStrategy[dt.datetime], unit: str) -> st.SearchStrategy[dt.datetime]:

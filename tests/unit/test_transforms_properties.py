@@ -4,7 +4,6 @@ keeps or filters, and the reference lane fails only with MessageError."""
 from __future__ import annotations
 
 import copy
-import math
 from typing import Any
 
 import pyarrow as pa
@@ -15,6 +14,7 @@ from hypothesis import strategies as st
 from kafka2delta.batches import PartitionMessages
 from kafka2delta.errors import MessageError
 from kafka2delta.transforms import Transformer
+from tests.unit.test_transforms import normalized
 
 PATHS = [
     ("t_copy", "a"),
@@ -140,16 +140,6 @@ def batches(draw: st.DrawFn) -> tuple[pa.Schema, list[dict[str, Any]], list[Any]
     key_values = text if draw(st.booleans()) else st.none() | text | st.integers(0, 5)
     keys = draw(st.lists(st.none() | key_values, min_size=len(documents), max_size=len(documents)))
     return schema, documents, keys
-
-
-def normalized(value: Any) -> Any:
-    if isinstance(value, float) and math.isnan(value):
-        return "NaN"
-    if isinstance(value, dict):
-        return {name: normalized(item) for name, item in value.items() if item is not None}
-    if isinstance(value, list):
-        return [normalized(item) for item in value]
-    return value
 
 
 def messages_for(count: int) -> PartitionMessages:
