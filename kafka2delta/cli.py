@@ -29,6 +29,7 @@ from kafka2delta.registry import SchemaRegistry
 from kafka2delta.runner import Ingestor
 from kafka2delta.schema import parse_schema
 from kafka2delta.serialization import build_deserializer
+from kafka2delta.spark import commands as spark_commands
 from kafka2delta.transforms import Transformer
 from kafka2delta.writer import DeltaWriter
 
@@ -77,6 +78,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     status = commands.add_parser("status", help="per partition: committed offset in the table, high watermark, lag")
     status.add_argument("-c", "--config", help="TOML config file (K2D_* environment variables override it)")
+    spark_commands.register(commands)
     return parser
 
 
@@ -91,6 +93,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "ingest":
             return _ingest(config, args.until_caught_up)
+        if args.command in spark_commands.COMMANDS:
+            return spark_commands.run(args, config)
         return _status(config)
     except ConfigError as exc:
         logger.error("config error: %s", exc)

@@ -185,6 +185,8 @@ class LoggingConfig:
 
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     """Log level."""
+    format: Literal["plain", "json"] = "plain"
+    """``plain`` text lines, or ``json``: one JSON object per line (for log shippers)."""
 
 
 @dataclass(frozen=True)
