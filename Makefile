@@ -49,3 +49,48 @@ bench: broker-start
 
 clean:
 	rm -rf data .k2d .pytest_cache .mypy_cache .ruff_cache
+
+.PHONY: tools
+## tools: the Debian tools the observability tests use (chromium; prometheus + promtool), apt-get installed when missing
+tools:
+	$(PYTHON) dev/tools.py ensure chromium prometheus
+
+# --- container images and Helm chart (docs/OPERATING.md) ---
+.PHONY: helm-tools helm-alerts helm-check container-check
+
+## helm-tools: build the pinned Helm with go install and fetch the prometheus-operator CRDs (cached in ~/.cache/kafka2delta/tools)
+helm-tools: install
+	$(PY) dev/k8s_tools.py all
+
+## helm-alerts: regenerate helm/kafka2delta/files/alerts.yaml from the chart's alert templates (default values)
+helm-alerts: install
+	$(PY) dev/k8s_tools.py alerts
+
+## helm-check: helm lint --strict, helm template, offline schema validation, alert and dashboard checks
+helm-check: install
+	$(PY) -m pytest -q tests/integration/test_helm.py
+
+## container-check: Dockerfile lint, the daemon image's install steps in a fresh venv, the maintenance jars
+container-check: install
+	$(PY) -m pytest -q tests/integration/test_container.py
+
+# --- Spark jobs (kafka2delta maintain / jobs) and the job coordinator's ZooKeeper
+.PHONY: spark-test spark-soak zookeeper-start zookeeper-stop
+ZOOKEEPER_DIR ?= .k2d/zookeeper
+SOAK_S ?= 300
+
+## spark-test: the Spark job tests only (real Spark, broker and ZooKeeper; part of `make test` too)
+spark-test: install
+	$(PY) -m pytest -q tests/spark --durations=10
+
+## spark-soak: ingestion + mutation + TTL + compaction on one table for SOAK_S seconds (default 300) per mode,
+## with and without the coordinator; prints the conflict counts
+spark-soak: install
+	K2D_SPARK_CONCURRENCY_S=$(SOAK_S) $(PY) -m pytest -q -s tests/spark/test_concurrency.py
+
+## zookeeper-start: a ZooKeeper on 127.0.0.1:2181 for the coordinator (dev/zookeeper/README.md)
+zookeeper-start: install
+	$(PY) dev/zookeeper/zookeeper.py start --dir $(ZOOKEEPER_DIR)
+
+zookeeper-stop: install
+	$(PY) dev/zookeeper/zookeeper.py stop --dir $(ZOOKEEPER_DIR)

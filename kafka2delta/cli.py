@@ -22,6 +22,7 @@ from kafka2delta.config import Config, load_config
 from kafka2delta.dead_letters import DeadLetterTable, DeadLetterTopic
 from kafka2delta.errors import ConfigError, FatalError, Kafka2DeltaError, RetryableError
 from kafka2delta.kafka import KafkaSource, high_watermarks, topic_partitions
+from kafka2delta.logs import setup_logging
 from kafka2delta.metrics import Metrics
 from kafka2delta.offsets import txn_app_id
 from kafka2delta.pipeline import Pipeline
@@ -30,37 +31,13 @@ from kafka2delta.runner import Ingestor
 from kafka2delta.schema import parse_schema
 from kafka2delta.serialization import build_deserializer
 from kafka2delta.spark import commands as spark_commands
+from kafka2delta.status import StatusServer
 from kafka2delta.transforms import Transformer
 from kafka2delta.writer import DeltaWriter
 
 logger = logging.getLogger("kafka2delta")
 
 EXIT_OK, EXIT_FATAL, EXIT_CONFIG = 0, 1, 2
-
-
-class _RedactSecrets(logging.Filter):
-    """Replace every configured secret value in every log record."""
-
-    def __init__(self, secrets: Sequence[str]) -> None:
-        super().__init__()
-        self._secrets = [s for s in secrets if len(s) >= 3]
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if self._secrets:
-            message = record.getMessage()
-            for secret in self._secrets:
-                message = message.replace(secret, "***")
-            record.msg, record.args = message, None
-        return True
-
-
-def _setup_logging(level: str, secrets: Sequence[str] = ()) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    handler.addFilter(_RedactSecrets(secrets))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -89,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"kafka2delta: config error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
-    _setup_logging(config.logging.level, config.secret_values())
+    setup_logging(config.logging.level, config.logging.format, config.secret_values())
     try:
         if args.command == "ingest":
             return _ingest(config, args.until_caught_up)
@@ -108,7 +85,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _open_writer(config: Config, create: bool) -> DeltaWriter:
-    schema = parse_schema(config.table.schema) if config.table.schema and create else None
+    columns = config.create_schema_columns()
+    schema = parse_schema(columns) if config.table.schema and create else None
     return DeltaWriter.open(
         config.table.uri,
         config.table.storage_options,
@@ -124,8 +102,10 @@ def build_pipeline(config: Config, table_schema: pa.Schema) -> Pipeline:
     """The stages as configured, fitted to ``table_schema``; a bad expression or format setting is a ConfigError."""
     registry = SchemaRegistry(config.schema_registry) if config.schema_registry.url else None
     deserializer = build_deserializer(config.format, registry, config.kafka.topic)
-    transformer = Transformer(config.transforms, config.filter.expression)
-    options = CoercionOptions(config.coercions.epoch_unit, config.coercions.epoch_units)
+    transformer = Transformer(config.transforms + config.metadata_transforms, config.filter.expression)
+    # kafka.timestamp is epoch milliseconds whatever unit the message's own epochs use.
+    epoch_units = {**config.coercions.epoch_units, **({"kafka_timestamp": "ms"} if config.metadata_transforms else {})}
+    options = CoercionOptions(config.coercions.epoch_unit, epoch_units)
     if config.format.type == "raw" and config.format.raw_column not in table_schema.names:
         raise ConfigError("format.raw_column", f"column {config.format.raw_column!r} is not in the table")
     return Pipeline(deserializer, table_schema, transformer, options, config.table.schema_evolution)
@@ -138,8 +118,6 @@ def _ingest(config: Config, until_caught_up: bool) -> int:
     logger.info("kafka2delta %s starting: %s", __version__, config.masked())
     writer = _open_writer(config, create=True)
     metrics = Metrics()
-    if config.metrics.port:
-        metrics.serve(config.metrics.host, config.metrics.port)
     # Headers cost a little per message: read them only when an expression can see the kafka object.
     expressions = [expression for _, expression in config.transforms] + [config.filter.expression]
     with_headers = any("kafka" in expression for expression in expressions)
@@ -166,7 +144,17 @@ def _ingest(config: Config, until_caught_up: bool) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    ingestor.run(until_caught_up=until_caught_up)
+    # /metrics, /healthz, /readyz and the status page; the server threads only read the loop's snapshots.
+    server = (
+        StatusServer(config.metrics.host, config.metrics.port, metrics.registry, ingestor.status).start()
+        if config.metrics.port
+        else None
+    )
+    try:
+        ingestor.run(until_caught_up=until_caught_up)
+    finally:
+        if server is not None:
+            server.close()
     return EXIT_OK
 
 

@@ -29,6 +29,15 @@ from kafka2delta.errors import ConfigError
 from kafka2delta.schema import parse_schema
 
 ENV_PREFIX = "K2D_"
+# table.metadata_columns: the Kafka metadata a row can record, and the column type a new table gets.
+METADATA_COLUMNS = {
+    "topic": "string",
+    "partition": "int",
+    "offset": "long",
+    "timestamp": "timestamp",
+    "timestamp_type": "int",
+    "key": "string",
+}
 MASK = "***"
 # A key holding one of these words, or a part named "key"/"pem", carries a secret.
 _SECRET_WORDS = ("password", "secret", "token", "credential")
@@ -84,6 +93,9 @@ class TableConfig:
     schema_evolution: Literal["none", "merge"] = "none"
     """``merge``: a field the table lacks becomes a new nullable column (nested too) in the commit that
     first carries it. ``none``: such fields are dropped and counted."""
+    metadata_columns: tuple[str, ...] = ()
+    """Kafka metadata recorded in every row, as columns ``kafka_<name>``: any of ``topic``, ``partition``,
+    ``offset``, ``timestamp``, ``timestamp_type``, ``key``. ``kafka2delta verify`` needs partition and offset."""
 
 
 @dataclass(frozen=True)
@@ -190,6 +202,79 @@ class LoggingConfig:
 
 
 @dataclass(frozen=True)
+class SparkConfig:
+    """``[spark]``: the Spark session of ``kafka2delta maintain`` and ``kafka2delta jobs`` (never the daemon's)."""
+
+    master: str = "local[*]"
+    """Spark master URL; ``--master`` overrides it. Under ``spark-submit`` the submitted master is kept."""
+    app_name: str = "kafka2delta"
+    """Spark application name (the command is appended: ``kafka2delta-optimize``)."""
+    jars: tuple[str, ...] = ()
+    """Offline mode: local jar paths (delta-spark, delta-storage, spark-sql-kafka and its dependencies) set
+    as ``spark.jars``; nothing is fetched. Empty: the jars are resolved from Maven Central by Spark's Ivy."""
+    packages: tuple[str, ...] = ()
+    """Extra Maven coordinates fetched besides Delta's and the Kafka source's (e.g. ``hadoop-aws``)."""
+    ivy_dir: str = ""
+    """Ivy cache directory (``spark.jars.ivy``). Empty: Spark's default (``~/.ivy2.5.2``)."""
+    conf: Mapping[str, str] = field(default_factory=dict)
+    """Spark settings passed as they are (``"spark.executor.memory" = "2g"``); ``--conf k=v`` adds to them.
+    From the environment: ``K2D_SPARK__CONF__<key as written>``."""
+    log_level: Literal["ERROR", "WARN", "INFO", "DEBUG"] = "WARN"
+    """Log level of Spark's own (JVM) logger."""
+
+
+@dataclass(frozen=True)
+class CoordinatorConfig:
+    """``[coordinator]``: the job coordinator, a lock per table plus an expected predecessor (see coordinator.py)."""
+
+    backend: Literal["none", "file", "zookeeper"] = "none"
+    """``zookeeper`` (jobs on several hosts), ``file`` (one host: an fcntl lock in ``lock_dir``), ``none``."""
+    hosts: str = "127.0.0.1:2181"
+    """``zookeeper``: the connect string (``host:port,host:port[/chroot]``)."""
+    root: str = "/kafka2delta"
+    """``zookeeper``: the znode under which each resource has its lock and last registration."""
+    lock_dir: str = ""
+    """``file``: a local directory shared by every job of this host. Required with ``backend = "file"``."""
+    resource: str = ""
+    """Name of the shared resource; every job writing one table must use the same. Default: from ``table.uri``."""
+    lock_timeout_s: float = 10.0
+    """Longest wait for the lock, seconds; a job that does not get it skips this turn (it does not fail)."""
+    session_timeout_s: float = 10.0
+    """``zookeeper``: session timeout, seconds; a crashed job's lock is released after it."""
+    order: tuple[str, ...] = ()
+    """Job names in their cycle, e.g. ``["ingest", "mutate", "ttl", "optimize"]``: a job runs only when the last
+    registered job is the one before it (the last one's successor is the first). Empty: the lock alone."""
+    order_timeout_s: float = 0.0
+    """Run anyway when the last registration is older than this, seconds (a stopped predecessor would otherwise
+    hold the cycle forever). 0: never; the order is strict."""
+
+
+@dataclass(frozen=True)
+class JobsConfig:
+    """``[jobs]``: the streaming jobs that change the table (``kafka2delta jobs mutate | ttl``)."""
+
+    mutation_topic: str = ""
+    """Topic of mutation requests (``{"op": "update", "match": {...}, "set": {...}}`` or ``"delete"``)."""
+    ttl_topic: str = ""
+    """Topic of GDPR delete requests (``{"subject_id": "..."}``)."""
+    subject_column: str = ""
+    """Column holding the subject id that GDPR requests delete by. Required for ``jobs ttl`` with ``ttl_topic``."""
+    retention_column: str = ""
+    """A date/timestamp column: ``jobs ttl`` deletes rows older than ``retention_days``. Empty: no retention."""
+    retention_days: float = 0.0
+    """Age in days after which rows are deleted by ``jobs ttl`` (with ``retention_column``); 0: off."""
+    checkpoint_dir: str = ""
+    """Where the streaming queries keep their checkpoints (``<dir>/mutate``, ``<dir>/ttl``).
+    Default: ``<table.uri>_checkpoints``."""
+    trigger_interval_s: float = 10.0
+    """Seconds between two turns of a running job (each turn processes what is available, under the lock)."""
+    max_requests_per_batch: int = 10_000
+    """Most requests one micro-batch takes (Spark's ``maxOffsetsPerTrigger``)."""
+    starting_offsets: Literal["earliest", "latest"] = "earliest"
+    """Where a request topic is read from the first time (no checkpoint yet)."""
+
+
+@dataclass(frozen=True)
 class Config:
     """The whole configuration, one section per TOML table."""
 
@@ -205,10 +290,25 @@ class Config:
     dead_letters: DeadLetterConfig = field(default_factory=DeadLetterConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    spark: SparkConfig = field(default_factory=SparkConfig)
+    coordinator: CoordinatorConfig = field(default_factory=CoordinatorConfig)
+    jobs: JobsConfig = field(default_factory=JobsConfig)
 
     @property
     def app_id(self) -> str:
         return self.table.app_id or self.kafka.topic
+
+    @property
+    def metadata_transforms(self) -> tuple[tuple[str, str], ...]:
+        """The transforms that fill ``table.metadata_columns`` (after the configured ones)."""
+        return tuple((f"kafka_{name}", f"kafka.{name}") for name in self.table.metadata_columns)
+
+    def create_schema_columns(self) -> dict[str, str]:
+        """``table.schema`` plus the metadata columns it does not name: the columns of a new table."""
+        columns = dict(self.table.schema)
+        for name in self.table.metadata_columns:
+            columns.setdefault(f"kafka_{name}", METADATA_COLUMNS[name])
+        return columns
 
     @property
     def dead_letter_table_uri(self) -> str:
@@ -218,6 +318,7 @@ class Config:
         """Every secret value in the config, for log redaction."""
         secrets = [v for k, v in self.kafka.settings.items() if is_secret_key(k) and v]
         secrets += [v for k, v in self.table.storage_options.items() if is_secret_key(k) and v]
+        secrets += [v for k, v in self.spark.conf.items() if is_secret_key(k) and v]
         if self.schema_registry.password:
             secrets.append(self.schema_registry.password)
         return secrets
@@ -231,6 +332,7 @@ class Config:
         data = dataclasses.asdict(self)
         data["kafka"]["settings"] = mask(self.kafka.settings)
         data["table"]["storage_options"] = mask(self.table.storage_options)
+        data["spark"]["conf"] = mask(self.spark.conf)
         if self.schema_registry.password:
             data["schema_registry"]["password"] = MASK
         return data
@@ -249,6 +351,9 @@ _SECTIONS: dict[str, type[Any]] = {
     "dead_letters": DeadLetterConfig,
     "metrics": MetricsConfig,
     "logging": LoggingConfig,
+    "spark": SparkConfig,
+    "coordinator": CoordinatorConfig,
+    "jobs": JobsConfig,
 }
 # A section that is a plain ordered table of strings, not a dataclass.
 _TRANSFORMS = "transforms"
@@ -285,7 +390,7 @@ def _apply_environment(raw: dict[str, Any], environ: Mapping[str, str], sources:
             continue  # K2D_TEST_* and friends are not config
         value: Any = environ[variable]
         dotted = f"{section}.{key}"
-        if len(parts) == 3 and key in ("settings", "storage_options"):
+        if len(parts) == 3 and key in ("settings", "storage_options", "conf"):
             sub = parts[2].replace("_", ".") if key == "settings" else variable.split("__", 2)[2]
             raw.setdefault(section, {}).setdefault(key, {})[sub] = value
             sources[f"{dotted}.{sub}"] = variable
@@ -490,6 +595,10 @@ def _validate(config: Config) -> None:
             if column not in schema.names:
                 raise ConfigError("table.partition_by", f"column {column!r} is not in table.schema")
     _validate_format(config)
+    _validate_spark_jobs(config)
+    for name in config.table.metadata_columns:
+        if name not in METADATA_COLUMNS:
+            raise ConfigError("table.metadata_columns", f"unknown {name!r} (known: {', '.join(METADATA_COLUMNS)})")
     for column, unit in config.coercions.epoch_units.items():
         if unit not in ("s", "ms", "us"):
             raise ConfigError(f"coercions.epoch_units.{column}", f"expected one of 's', 'ms', 'us', got {unit!r}")
@@ -513,3 +622,45 @@ def _validate_format(config: Config) -> None:
         raise ConfigError("format.avro_schema_file", f"is only used with format.type = 'avro', not {fmt.type!r}")
     if registry.password and not registry.username:
         raise ConfigError("schema_registry.username", "is required when schema_registry.password is set")
+
+
+def _validate_spark_jobs(config: Config) -> None:
+    """The ``[spark]``, ``[coordinator]`` and ``[jobs]`` sections (used by ``maintain`` and ``jobs`` only)."""
+    coordinator, jobs = config.coordinator, config.jobs
+    for key, number in (
+        ("coordinator.lock_timeout_s", coordinator.lock_timeout_s),
+        ("coordinator.session_timeout_s", coordinator.session_timeout_s),
+        ("jobs.trigger_interval_s", jobs.trigger_interval_s),
+        ("jobs.max_requests_per_batch", jobs.max_requests_per_batch),
+    ):
+        if number <= 0:
+            raise ConfigError(key, f"expected a positive number, got {number}")
+    for key, number in (
+        ("coordinator.order_timeout_s", coordinator.order_timeout_s),
+        ("jobs.retention_days", jobs.retention_days),
+    ):
+        if number < 0:
+            raise ConfigError(key, f"expected 0 or more, got {number}")
+    if not config.spark.master.strip():
+        raise ConfigError("spark.master", "must not be empty")
+    if coordinator.backend == "file" and not coordinator.lock_dir.strip():
+        raise ConfigError("coordinator.lock_dir", "is required with coordinator.backend = 'file'")
+    if coordinator.backend == "zookeeper":
+        if not coordinator.hosts.strip():
+            raise ConfigError("coordinator.hosts", "is required with coordinator.backend = 'zookeeper'")
+        root = coordinator.root
+        if not root.startswith("/") or (root.endswith("/") and root != "/"):
+            raise ConfigError("coordinator.root", f"expected an absolute znode path like /kafka2delta, got {root!r}")
+    if "/" in coordinator.resource:
+        raise ConfigError("coordinator.resource", f"must not contain '/', got {coordinator.resource!r}")
+    if jobs.max_requests_per_batch >= 1_000_000:  # txnVersion = batch id * 1,000,000 + group (spark/mutations.py)
+        raise ConfigError(
+            "jobs.max_requests_per_batch", f"expected fewer than 1000000, got {jobs.max_requests_per_batch}"
+        )
+    if len(set(coordinator.order)) != len(coordinator.order):
+        raise ConfigError("coordinator.order", f"lists a job twice: {list(coordinator.order)}")
+    if bool(jobs.retention_column) != bool(jobs.retention_days):
+        raise ConfigError(
+            "jobs.retention_days" if jobs.retention_column else "jobs.retention_column",
+            "retention needs both jobs.retention_column and jobs.retention_days",
+        )

@@ -1,19 +1,179 @@
 """The metrics facade: one method per event, Prometheus underneath, one registry per daemon.
 
-Every metric is listed in README.md ("Metrics") with its labels. Labels are bounded: topic,
-partition, stage, reason; never offsets or keys.
+Every metric is listed in docs/OPERATING.md (and the README) with its type, labels and meaning; the names are a
+fixed list (:data:`METRIC_NAMES`). Labels are bounded: topic, partition, stage, reason, event, version;
+never offsets or keys. The HTTP endpoints that serve the registry are in :mod:`kafka2delta.status`.
+
+The end-to-end latency histogram is observed once per commit for every committed row at once:
+:class:`BulkHistogram` counts an Arrow array into its buckets with one vectorised comparison per
+bucket, so a million-row commit costs a few milliseconds and no Python per row.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client.metrics_core import HistogramMetricFamily, Metric
+from prometheus_client.utils import floatToGoString
+
+from kafka2delta import __version__
 
 _PREFIX = "kafka2delta"
+_go_float: Callable[[float], str] = floatToGoString  # the `le` label as prometheus_client writes it
+
+# Buckets: commit and flush times are seconds (a commit is one log write, a flush writes files too);
+# latency spans the allowed latency (seconds) up to a backlog of hours.
+DURATION_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
+ROWS_BUCKETS = (1, 10, 100, 1_000, 10_000, 100_000, 1_000_000, 10_000_000)
+FILE_SIZE_BUCKETS = tuple(float(1024 * 4**i) for i in range(11))  # 1 KiB … 1 GiB
+
+METRIC_NAMES = (
+    "kafka2delta_messages_consumed_total",
+    "kafka2delta_messages_skipped_total",
+    "kafka2delta_messages_deserialized_total",
+    "kafka2delta_messages_failed_total",
+    "kafka2delta_messages_dead_lettered_total",
+    "kafka2delta_rows_written_total",
+    "kafka2delta_bytes_written_total",
+    "kafka2delta_files_written_total",
+    "kafka2delta_commits_total",
+    "kafka2delta_commit_conflicts_total",
+    "kafka2delta_commit_retries_total",
+    "kafka2delta_storage_retries_total",
+    "kafka2delta_rebalances_total",
+    "kafka2delta_offsets_out_of_range_total",
+    "kafka2delta_unknown_fields_dropped_total",
+    "kafka2delta_columns_added_total",
+    "kafka2delta_schema_changes_total",
+    "kafka2delta_flush_duration_seconds",
+    "kafka2delta_commit_duration_seconds",
+    "kafka2delta_rows_per_commit",
+    "kafka2delta_file_size_bytes",
+    "kafka2delta_end_to_end_latency_seconds",
+    "kafka2delta_consumer_lag",
+    "kafka2delta_buffered_messages",
+    "kafka2delta_buffered_bytes",
+    "kafka2delta_assigned_partitions",
+    "kafka2delta_seconds_since_last_commit",
+    "kafka2delta_last_committed_version",
+    "kafka2delta_last_commit_timestamp_seconds",
+    "kafka2delta_build_info",
+)
+"""Every metric family, as it appears in the exposition (counters with their ``_total``)."""
+
+
+class BulkHistogram:
+    """A Prometheus histogram observed a whole array at a time (prometheus_client's Histogram has no
+    bulk observe). Buckets are cumulative (``le``), with ``+Inf`` = ``_count``, and ``_sum``: the same
+    exposition a :class:`prometheus_client.Histogram` gives after observing each value. Thread-safe.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        labelnames: Sequence[str],
+        buckets: Iterable[float],
+        registry: CollectorRegistry | None,
+    ) -> None:
+        bounds = sorted(float(b) for b in buckets)
+        if bounds and bounds[-1] == float("inf"):
+            bounds.pop()
+        self._name = name
+        self._documentation = documentation
+        self._labelnames = tuple(labelnames)
+        self._bounds = tuple(bounds)
+        self._lock = threading.Lock()
+        # Per label values: cumulative count per bound, total count, sum.
+        self._series: dict[tuple[str, ...], tuple[list[int], int, float]] = {}
+        if registry is not None:
+            registry.register(self)
+
+    @property
+    def bounds(self) -> tuple[float, ...]:
+        return self._bounds
+
+    def observe_many(self, labels: Sequence[str], values: pa.Array | pa.ChunkedArray) -> None:
+        """Observe every non-null value of ``values`` (numbers) under ``labels``."""
+        if len(labels) != len(self._labelnames):
+            raise ValueError(f"{self._name}: expected labels {self._labelnames}, got {tuple(labels)}")
+        if values.null_count:
+            values = pc.drop_null(values)
+        count = len(values)
+        if not count:
+            return
+        values = values.cast(pa.float64())
+        # One vectorised pass per bound: the count of values <= bound is already cumulative.
+        cumulative = [int(pc.sum(pc.less_equal(values, bound)).as_py() or 0) for bound in self._bounds]
+        total = float(pc.sum(values).as_py())
+        key = tuple(labels)
+        with self._lock:
+            previous = self._series.get(key)
+            if previous is None:
+                self._series[key] = (cumulative, count, total)
+            else:
+                old, old_count, old_sum = previous
+                merged = [a + b for a, b in zip(old, cumulative, strict=True)]
+                self._series[key] = (merged, old_count + count, old_sum + total)
+
+    def describe(self) -> list[Metric]:
+        return [HistogramMetricFamily(self._name, self._documentation, labels=self._labelnames)]
+
+    def collect(self) -> Iterator[Metric]:
+        family = HistogramMetricFamily(self._name, self._documentation, labels=self._labelnames)
+        with self._lock:
+            series = [(key, list(counts), count, total) for key, (counts, count, total) in self._series.items()]
+        for key, counts, count, total in series:
+            buckets = [(_go_float(bound), float(c)) for bound, c in zip(self._bounds, counts, strict=True)]
+            buckets.append(("+Inf", float(count)))
+            family.add_metric(list(key), buckets, total)
+        yield family
+
+
+@dataclass(frozen=True)
+class CommitStats:
+    """One successful flush, as the metrics see it."""
+
+    reason: str
+    """Why it was flushed: ``latency``, ``records``, ``bytes``, ``buffer_bytes``, ``revoke``, ``shutdown``,
+    ``caught_up``."""
+    version: int
+    """The table version it made."""
+    rows: Mapping[int, int]
+    """Rows committed per Kafka partition."""
+    file_sizes: Sequence[int]
+    """Bytes of each Parquet file it added."""
+    flush_seconds: float
+    """From taking the buffers to the end of the commit: files, dead letters, Delta commit, retries."""
+    commit_seconds: float
+    """The Delta commit alone (the last, successful attempt)."""
+    row_timestamps_ms: Sequence[pa.Array] = field(default_factory=list)
+    """The Kafka timestamp (epoch ms) of every committed row, in any number of int64 arrays."""
 
 
 class Metrics:
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        # No `<name>_created` series next to every counter and histogram: they double the series count and
+        # no dashboard reads them. (A process-wide switch of prometheus_client; the daemon has one registry.)
+        disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = registry or CollectorRegistry()
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self._started = clock()
+        self._last_commit: float | None = None  # monotonic
         r = self.registry
         tp = ("topic", "partition")
         self._consumed = Counter(f"{_PREFIX}_messages_consumed", "Messages fetched from Kafka.", tp, registry=r)
@@ -24,8 +184,21 @@ class Metrics:
             ("topic", "partition", "reason"),
             registry=r,
         )
+        self._deserialized = Counter(
+            f"{_PREFIX}_messages_deserialized", "Messages whose payload was decoded.", ("topic",), registry=r
+        )
+        self._failed = Counter(
+            f"{_PREFIX}_messages_failed",
+            "Messages that failed a stage, counted when the stage fails them (a replay after a conflict "
+            "or schema change counts them again); they become dead letters.",
+            ("topic", "stage"),
+            registry=r,
+        )
         self._dead = Counter(
-            f"{_PREFIX}_messages_dead_lettered", "Messages that failed a stage.", ("topic", "stage"), registry=r
+            f"{_PREFIX}_messages_dead_lettered",
+            "Messages recorded in the dead-letter table, counted when that commit lands.",
+            ("topic", "stage"),
+            registry=r,
         )
         self._rows = Counter(f"{_PREFIX}_rows_written", "Rows committed to the table.", tp, registry=r)
         self._bytes = Counter(
@@ -41,8 +214,16 @@ class Metrics:
             tp,
             registry=r,
         )
+        self._commit_retries = Counter(
+            f"{_PREFIX}_commit_retries",
+            "Commit attempts that failed with a transient storage error and were retried.",
+            ("topic",),
+            registry=r,
+        )
         self._retries = Counter(
-            f"{_PREFIX}_storage_retries", "Storage operations retried after a transient error.", registry=r
+            f"{_PREFIX}_storage_retries",
+            "Operations (storage, Kafka, registry) retried after a transient error.",
+            registry=r,
         )
         self._rebalances = Counter(
             f"{_PREFIX}_rebalances", "Partitions assigned, revoked or lost.", ("event",), registry=r
@@ -71,20 +252,67 @@ class Metrics:
             ("topic",),
             registry=r,
         )
+        self._flush_seconds = Histogram(
+            f"{_PREFIX}_flush_duration_seconds",
+            "Time of one flush: Parquet files, dead-letter commit, Delta commit and any retries.",
+            ("topic",),
+            registry=r,
+            buckets=DURATION_BUCKETS,
+        )
         self._commit_seconds = Histogram(
             f"{_PREFIX}_commit_duration_seconds",
-            "Time to write files and commit one batch.",
+            "Time of the Delta commit of one flush (the log write, files already written).",
+            ("topic",),
             registry=r,
-            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            buckets=DURATION_BUCKETS,
         )
+        self._rows_per_commit = Histogram(
+            f"{_PREFIX}_rows_per_commit", "Rows in one Delta commit.", ("topic",), registry=r, buckets=ROWS_BUCKETS
+        )
+        self._file_size = Histogram(
+            f"{_PREFIX}_file_size_bytes",
+            "Size of each Parquet file committed.",
+            ("topic",),
+            registry=r,
+            buckets=FILE_SIZE_BUCKETS,
+        )
+        self._latency = BulkHistogram(
+            f"{_PREFIX}_end_to_end_latency_seconds",
+            "Per committed row: commit time minus the row's Kafka timestamp (a producer clock ahead counts as 0).",
+            ("topic",),
+            LATENCY_BUCKETS,
+            registry=r,
+        )
+        self._lag = Gauge(
+            f"{_PREFIX}_consumer_lag",
+            "High watermark minus the next offset after the one committed in the Delta log "
+            "(cached watermarks, updated after each commit and each progress interval).",
+            tp,
+            registry=r,
+        )
+        self._buffered = Gauge(f"{_PREFIX}_buffered_messages", "Messages buffered, not yet committed.", registry=r)
+        self._buffered_bytes = Gauge(
+            f"{_PREFIX}_buffered_bytes", "Arrow bytes of the buffered rows, not yet committed.", registry=r
+        )
+        self._assigned = Gauge(f"{_PREFIX}_assigned_partitions", "Partitions assigned to this daemon.", registry=r)
+        since = Gauge(
+            f"{_PREFIX}_seconds_since_last_commit",
+            "Seconds since the last successful Delta commit (since start when none yet), at scrape time.",
+            registry=r,
+        )
+        since.set_function(self.seconds_since_last_commit)
         self._version = Gauge(
             f"{_PREFIX}_last_committed_version", "Delta table version of the last commit.", registry=r
         )
-        self._buffered = Gauge(f"{_PREFIX}_buffered_messages", "Messages buffered, not yet committed.", registry=r)
-        self._assigned = Gauge(f"{_PREFIX}_assigned_partitions", "Partitions assigned to this daemon.", registry=r)
+        self._last_commit_time = Gauge(
+            f"{_PREFIX}_last_commit_timestamp_seconds",
+            "Unix time of the last successful Delta commit.",
+            registry=r,
+        )
+        build = Gauge(f"{_PREFIX}_build_info", "Always 1; the label says which version runs.", ("version",), registry=r)
+        build.labels(__version__).set(1)
 
-    def serve(self, host: str, port: int) -> None:
-        start_http_server(port, addr=host, registry=self.registry)
+    # --- consuming and processing ------------------------------------------------------
 
     def consumed(self, topic: str, partition: int, count: int) -> None:
         self._consumed.labels(topic, str(partition)).inc(count)
@@ -93,30 +321,62 @@ class Metrics:
         if count:
             self._skipped.labels(topic, str(partition), reason).inc(count)
 
-    def dead_lettered(self, topic: str, stage: str, count: int = 1) -> None:
-        self._dead.labels(topic, stage).inc(count)
+    def deserialized(self, topic: str, count: int) -> None:
+        if count:
+            self._deserialized.labels(topic).inc(count)
 
-    def committed(
-        self,
-        topic: str,
-        reason: str,
-        rows_by_partition: dict[int, int],
-        files: int,
-        nbytes: int,
-        version: int,
-        seconds: float,
-    ) -> None:
-        self._commits.labels(topic, reason).inc()
-        for partition, rows in rows_by_partition.items():
-            self._rows.labels(topic, str(partition)).inc(rows)
-        self._files.labels(topic).inc(files)
-        self._bytes.labels(topic).inc(nbytes)
-        self._version.set(version)
-        self._commit_seconds.observe(seconds)
+    def failed(self, topic: str, stage: str, count: int = 1) -> None:
+        if count:
+            self._failed.labels(topic, stage).inc(count)
 
     def unknown_fields(self, topic: str, count: int) -> None:
         if count:
             self._unknown_fields.labels(topic).inc(count)
+
+    def buffered(self, messages: int, nbytes: int | None = None) -> None:
+        self._buffered.set(messages)
+        if nbytes is not None:
+            self._buffered_bytes.set(nbytes)
+
+    # --- committing --------------------------------------------------------------------
+
+    def dead_lettered(self, topic: str, stage: str, count: int = 1) -> None:
+        self._dead.labels(topic, stage).inc(count)
+
+    def committed(self, topic: str, commit: CommitStats) -> None:
+        now = self._clock()
+        wall = self._wall_clock()
+        self._commits.labels(topic, commit.reason).inc()
+        total = 0
+        for partition, rows in commit.rows.items():
+            self._rows.labels(topic, str(partition)).inc(rows)
+            total += rows
+        self._files.labels(topic).inc(len(commit.file_sizes))
+        self._bytes.labels(topic).inc(sum(commit.file_sizes))
+        file_size = self._file_size.labels(topic)
+        for size in commit.file_sizes:
+            file_size.observe(size)
+        self._rows_per_commit.labels(topic).observe(total)
+        self._flush_seconds.labels(topic).observe(commit.flush_seconds)
+        self._commit_seconds.labels(topic).observe(commit.commit_seconds)
+        self._observe_latency(topic, commit.row_timestamps_ms, wall)
+        self._version.set(commit.version)
+        self._last_commit_time.set(wall)
+        self._last_commit = now
+
+    def _observe_latency(self, topic: str, timestamps_ms: Sequence[pa.Array], wall: float) -> None:
+        arrays = [a for a in timestamps_ms if len(a)]
+        if not arrays:
+            return
+        stamps = pa.chunked_array(arrays, pa.int64())
+        stamps = stamps.filter(pc.greater(stamps, 0))  # -1: the message had no timestamp
+        if not len(stamps):
+            return
+        seconds = pc.divide(pc.subtract(pa.scalar(wall * 1000.0), stamps.cast(pa.float64())), 1000.0)
+        self._latency.observe_many((topic,), pc.max_element_wise(seconds, 0.0))
+
+    def commit_retry(self, topic: str) -> None:
+        self._commit_retries.labels(topic).inc()
 
     def columns_added(self, topic: str, count: int) -> None:
         self._columns_added.labels(topic).inc(count)
@@ -130,14 +390,26 @@ class Metrics:
     def storage_retry(self) -> None:
         self._retries.inc()
 
+    def seconds_since_last_commit(self) -> float:
+        last = self._last_commit if self._last_commit is not None else self._started
+        return max(0.0, self._clock() - last)
+
+    # --- partitions --------------------------------------------------------------------
+
     def rebalance(self, event: str, count: int) -> None:
         self._rebalances.labels(event).inc(count)
 
     def offset_out_of_range(self, topic: str, partition: int) -> None:
         self._out_of_range.labels(topic, str(partition)).inc()
 
-    def buffered(self, messages: int) -> None:
-        self._buffered.set(messages)
-
     def assigned(self, partitions: int) -> None:
         self._assigned.set(partitions)
+
+    def lag(self, topic: str, partition: int, messages: int) -> None:
+        self._lag.labels(topic, str(partition)).set(messages)
+
+    def unassigned(self, topic: str, partitions: Iterable[int]) -> None:
+        """Partitions no longer ours: their lag is another daemon's to report."""
+        for partition in partitions:
+            with contextlib.suppress(KeyError):
+                self._lag.remove(topic, str(partition))

@@ -55,6 +55,8 @@ class ProcessedPartition:
     """Values dropped because the table has no column for them (``schema_evolution = "none"``)."""
     added_columns: list[str] = field(default_factory=list)
     """Columns (dotted paths) this batch added to the schema (``schema_evolution = "merge"``)."""
+    row_timestamps_ms: pa.Array | None = None
+    """The Kafka timestamp (epoch ms, int64) of each row, aligned with ``row_offsets`` (end-to-end latency)."""
 
 
 def read_type(data_type: pa.DataType, path: str, epoch_columns: frozenset[str]) -> pa.DataType:
@@ -365,7 +367,16 @@ class _Outcome:
         for path in rejected:
             if path not in self.rejected:
                 self.rejected.append(path)
-                logger.warning("field %r cannot become a column (a name Delta refuses, or a case twin): dropped", path)
+                messages = self._messages
+                logger.warning(
+                    "field %r cannot become a column (a name Delta refuses, or a case twin): dropped "
+                    "(batch %s[%d]@%d..%d)",
+                    path,
+                    messages.topic,
+                    messages.partition,
+                    messages.offsets[0],
+                    messages.offsets[-1],
+                )
 
     def result(self, messages: PartitionMessages, schema: pa.Schema) -> ProcessedPartition:
         tables = [conform(table, schema) for table in self._tables]
@@ -379,6 +390,7 @@ class _Outcome:
             partition=messages.partition,
             rows=rows,
             row_offsets=[messages.offsets[p] for p in positions],
+            row_timestamps_ms=_row_timestamps(messages, positions),
             dead_letters=self.dead_letters,
             skipped_empty=self.skipped_empty,
             first_offset=messages.offsets[0],
@@ -388,3 +400,11 @@ class _Outcome:
             unknown_fields=self.unknown_fields,
             added_columns=self.added,
         )
+
+
+def _row_timestamps(messages: PartitionMessages, positions: list[int]) -> pa.Array:
+    """The Kafka timestamps of the messages at ``positions`` (ascending), as one int64 array (no Python per row)."""
+    stamps = pa.array(messages.timestamps_ms, pa.int64())
+    if len(positions) == len(stamps):
+        return stamps  # every message became a row
+    return stamps.take(pa.array(positions, pa.int64()))

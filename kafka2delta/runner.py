@@ -39,10 +39,12 @@ from kafka2delta.config import Config
 from kafka2delta.dead_letters import DeadLetter, payload_json
 from kafka2delta.errors import CommitConflict, FatalError, RetryableError, SchemaChanged
 from kafka2delta.kafka import ConsumedBatch, KafkaSource
-from kafka2delta.metrics import Metrics
+from kafka2delta.metrics import CommitStats, Metrics
 from kafka2delta.offsets import LogicalOffset, start_position
 from kafka2delta.pipeline import WRITE_STAGE, Pipeline, ProcessedPartition
 from kafka2delta.schema import evolve
+from kafka2delta.serialization import STAGE as DESERIALIZE_STAGE
+from kafka2delta.status import CommitRecord, Status, StatusBoard, liveness_window_s
 from kafka2delta.value_buffers import FlushLimits, PartitionBuffer, ValueBuffers
 from kafka2delta.writer import DeltaWriter, OffsetRange, RowsRejected
 
@@ -50,6 +52,8 @@ logger = logging.getLogger(__name__)
 
 _MAX_BACKOFF_S = 30.0
 _LOGGED_DEAD_LETTERS = 10  # per commit; the rest are in the dead-letter table and the metrics
+# Retried operations that do not touch the tables (readiness only reports the table's).
+_NOT_TABLE_OPERATIONS = frozenset({"consume", "watermarks", "processing"})
 T = TypeVar("T")
 
 
@@ -90,6 +94,7 @@ class Ingestor:
         dead_letter_topic: DeadLetterProducer | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self._config = config
         self._topic = config.kafka.topic
@@ -128,17 +133,39 @@ class Ingestor:
         self._stop_requested = False
         self._failed = False
         self._progress = _Progress(clock, ingest.progress_interval_s)
+        # What /healthz, /readyz and the status page show: written here, read by the HTTP threads.
+        self._wall_clock = wall_clock
+        self._highs: dict[int, int] = {}  # last known high watermark per assigned partition
+        self._commit_seconds = 0.0  # the Delta commit of the last attempt
+        self._board = StatusBoard(
+            self._topic,
+            config.app_id,
+            config.kafka.group_id,
+            writer.uri,
+            dead_letters.uri,
+            liveness_window_s(ingest.allowed_latency_s, config.kafka.consume_timeout_s),
+            clock=clock,
+            wall_clock=wall_clock,
+        )
+        self._board.table_reachable(writer.version)
 
     # --- the loop -----------------------------------------------------------------------
 
     def request_stop(self) -> None:
         """Stop fetching; the loop flushes, commits and returns (SIGTERM/SIGINT)."""
         self._stop_requested = True
+        self._board.set_state("stopping")
+
+    def status(self) -> Status:
+        """A snapshot for the HTTP endpoints; thread-safe (the loop publishes, this only reads)."""
+        return self._board.snapshot()
 
     def run(self, until_caught_up: bool = False) -> None:
+        self._board.set_state("running")
         self._source.start(self)
         try:
             while not self._stop_requested:
+                self._board.loop_turned()
                 batch = self._consume()
                 self._accept(batch)
                 reason = self._buffers.flush_reason(self._clock())
@@ -151,12 +178,15 @@ class Ingestor:
                         break
                 self._progress.maybe_log(self._status_line)
             self._flush("shutdown")
-        except BaseException:
+        except BaseException as exc:
             self._failed = True  # closing must not commit from a broken state
+            self._board.set_state("failed", f"{type(exc).__name__}: {exc}")
             raise
         finally:
             logger.info("stopping: %s", self._status_line())
             self._source.close()
+            if not self._failed:
+                self._board.set_state("stopped")
 
     def _consume(self) -> ConsumedBatch:
         # Cleared before the call: a rebalance callback inside it may resync (seek) a partition, and the
@@ -199,7 +229,7 @@ class Ingestor:
                     self._flush("records")
                     now = self._clock()
         self._reached.update(batch.end_offsets)
-        self._metrics.buffered(self._buffers.buffered_messages)
+        self._metrics.buffered(self._buffers.buffered_messages, self._buffers.buffered_bytes)
 
     def _drop_taken(self, messages: PartitionMessages, position: int | None) -> PartitionMessages:
         """Drop offsets already committed or buffered (a replayed fetch, a seek back)."""
@@ -219,12 +249,20 @@ class Ingestor:
             self._metrics.skipped(self._topic, piece.partition, "dead_letter_recorded", len(piece) - len(todo))
         if len(todo):
             processed = self._retrying("processing", partial(self._pipeline.process, todo))
+            self._count_stages(processed, len(todo))
         else:
             processed = ProcessedPartition(
                 piece.partition, self._pipeline.schema.empty_table(), [], [], 0, 0, 0, max(piece.timestamps_ms)
             )
         processed.first_offset, processed.last_offset = piece.offsets[0], piece.offsets[-1]
         return processed
+
+    def _count_stages(self, processed: ProcessedPartition, messages: int) -> None:
+        """Deserialized and failed-per-stage counts of one processed piece (per dead letter, not per message)."""
+        failed = Counter(letter.stage for letter in processed.dead_letters)
+        for stage, count in failed.items():
+            self._metrics.failed(self._topic, stage, count)
+        self._metrics.deserialized(self._topic, messages - processed.skipped_empty - failed[DESERIALIZE_STAGE])
 
     def _caught_up(self) -> bool:
         """Every assigned partition has been taken up to the high watermark it had when first assigned."""
@@ -263,6 +301,7 @@ class Ingestor:
                 self._schema_changed(changed, pending)
             except RetryableError as exc:
                 attempt += 1
+                self._metrics.commit_retry(self._topic)
                 self._backoff(attempt, f"commit ({reason})", exc)
         else:
             return
@@ -278,9 +317,24 @@ class Ingestor:
         seconds = self._clock() - started
         rows = {p: b.rows for p, b in taken.items()}
         files = [action for actions in pending.files.values() for action in actions]
-        self._metrics.committed(self._topic, reason, rows, len(files), sum(a.size for a in files), version, seconds)
+        stamps = [stamp for b in taken.values() for stamp in b.row_timestamps_ms]
+        self._metrics.committed(
+            self._topic,
+            CommitStats(reason, version, rows, [a.size for a in files], seconds, self._commit_seconds, stamps),
+        )
         letters = sum(len(b.dead_letters) for b in taken.values())
-        self._metrics.buffered(self._buffers.buffered_messages)
+        self._metrics.buffered(self._buffers.buffered_messages, self._buffers.buffered_bytes)
+        record = CommitRecord(
+            version,
+            self._wall_clock(),
+            reason,
+            {p: (b.first_offset, b.last_offset) for p, b in taken.items()},
+            sum(rows.values()),
+            letters,
+            seconds,
+        )
+        self._board.committed(record, Counter(letter.stage for b in taken.values() for letter in b.dead_letters))
+        self._lags()
         self._progress.commits += 1
         self._progress.rows += sum(rows.values())
         self._progress.dead_letters += letters
@@ -325,13 +379,17 @@ class Ingestor:
         }
         expected = {p: self._committed[p] for p in taken}
         versions = {p: r.last for p, r in ranges.items()}
+        started = self._clock()
         if not evolving:
             actions = [action for partition in taken for action in pending.files[partition]]
-            return self._writer.commit(actions, expected, versions, metadata)
+            version = self._writer.commit(actions, expected, versions, metadata)
+            self._commit_seconds = self._clock() - started
+            return version
         rows = pa.concat_tables([b.to_table(schema) for b in taken.values()]) if taken else schema.empty_table()
         added = evolve(self._table_schema, schema, inferred=False).added
         metadata["added_columns"] = added
         version = self._writer.commit_evolution(rows, expected, versions, metadata)
+        self._commit_seconds = self._clock() - started
         self._metrics.columns_added(self._topic, len(added))
         logger.info("schema evolution committed in version %d: the table schema is now %s", version, schema)
         self._table_schema = self._writer.schema
@@ -378,6 +436,7 @@ class Ingestor:
             )
             buffer.dead_letters.append(letter)
             logger.warning("%s: Parquet refused the row: %s", letter.where, exc)
+        self._metrics.failed(self._topic, WRITE_STAGE, len(rejected.failures))
         buffer.reject_rows([index for index, _ in rejected.failures], schema)
 
     def _commit_dead_letters(self, pending: _PendingCommit) -> None:
@@ -521,6 +580,9 @@ class Ingestor:
     def _backoff(self, attempt: int, what: str, exc: Exception) -> None:
         limit = self._config.ingest.max_commit_retries
         self._metrics.storage_retry()
+        if what not in _NOT_TABLE_OPERATIONS:
+            self._board.table_unreachable(f"{what}: {exc}")
+        self._board.loop_turned()  # waiting on purpose is alive; /readyz tells the table is not reachable
         if attempt > limit:
             raise FatalError(f"{what} still failing after {limit} retries: {exc}") from exc
         delay = min(_MAX_BACKOFF_S, 0.5 * 2 ** (attempt - 1))
@@ -531,10 +593,14 @@ class Ingestor:
         attempt = 0
         while True:
             try:
-                return operation()
+                result = operation()
             except RetryableError as exc:
                 attempt += 1
                 self._backoff(attempt, what, exc)
+            else:
+                if attempt and what not in _NOT_TABLE_OPERATIONS:
+                    self._board.table_reachable()
+                return result
 
     # --- rebalance listener (called inside consume) --------------------------------------
 
@@ -569,8 +635,10 @@ class Ingestor:
             if recorded.get(partition):
                 self._recorded[partition] = recorded[partition]
             self._targets.setdefault(partition, high)
+            self._highs[partition] = high
             starts[partition] = decision.offset
         self._metrics.assigned(len(self._positions))
+        self._lags()
         return starts
 
     def revoked(self, partitions: list[int]) -> None:
@@ -606,7 +674,10 @@ class Ingestor:
             self._dead_letters_committed.pop(partition, None)
             self._positions.pop(partition, None)
             self._recorded.pop(partition, None)
+            self._highs.pop(partition, None)
         self._metrics.assigned(len(self._positions))
+        self._metrics.unassigned(self._topic, partitions)
+        self._lags()
 
     def _offset_out_of_range(self, partition: int) -> None:
         """The broker deleted the offset we were fetching (retention) while we ran."""
@@ -631,15 +702,31 @@ class Ingestor:
 
     # --- progress -------------------------------------------------------------------------
 
-    def _status_line(self) -> str:
-        lags = []
+    def _lags(self) -> dict[int, int]:
+        """Lag per assigned partition from the consumer's cached high watermarks (no broker round trip);
+        also updates the lag gauges and what the status page shows. Called after commits, rebalances and
+        with each progress line."""
+        lags: dict[int, int] = {}
         for partition, committed in sorted(self._committed.items()):
             try:
                 _, high = self._source.watermarks(partition, cached=True)
             except RetryableError:
-                continue  # no fetch response yet: no lag to show
+                high = -1  # no fetch response yet
             if high >= 0:
-                lags.append(f"{partition}:{high - (committed + 1 if committed is not None else 0)}")
+                self._highs[partition] = high
+            known = self._highs.get(partition)
+            if known is None:
+                continue
+            # A cached watermark may trail what we already took: never a negative lag.
+            lags[partition] = max(0, known - (committed + 1 if committed is not None else 0))
+            self._metrics.lag(self._topic, partition, lags[partition])
+        full = self._config.ingest.max_messages_per_file
+        buffered = {p: full - self._buffers.room(p) for p in self._committed if p in self._buffers}
+        self._board.partitions(self._committed, self._highs, buffered, self._buffers.buffered_bytes)
+        return lags
+
+    def _status_line(self) -> str:
+        lags = [f"{partition}:{lag}" for partition, lag in self._lags().items()]
         return (
             f"{self._progress.rate():.0f} msg/s, {self._progress.messages} messages, {self._progress.rows} rows in "
             f"{self._progress.commits} commits, {self._progress.dead_letters} dead letters, "

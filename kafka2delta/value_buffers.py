@@ -23,6 +23,8 @@ class PartitionBuffer:
     first_arrival: float
     tables: list[pa.Table] = field(default_factory=list)
     row_offsets: list[pa.Array] = field(default_factory=list)
+    row_timestamps_ms: list[pa.Array] = field(default_factory=list)
+    """The Kafka timestamp (epoch ms) of each buffered row, aligned with ``row_offsets`` when every piece had them."""
     dead_letters: list[DeadLetter] = field(default_factory=list)
     messages: int = 0
     rows: int = 0
@@ -39,10 +41,18 @@ class PartitionBuffer:
         """The Kafka offset of each buffered row, aligned with :meth:`to_table`."""
         return pa.concat_arrays(self.row_offsets) if self.row_offsets else pa.array([], pa.int64())
 
+    def timestamps(self) -> pa.Array | None:
+        """The Kafka timestamp of each buffered row, aligned with :meth:`to_table`; None when a piece had none."""
+        if sum(len(a) for a in self.row_timestamps_ms) != self.rows:
+            return None
+        return pa.concat_arrays(self.row_timestamps_ms) if self.row_timestamps_ms else pa.array([], pa.int64())
+
     def reject_rows(self, positions: list[int], schema: pa.Schema) -> None:
         """Take rows out of the buffer (Parquet refused them; they became dead letters)."""
         keep = pa.array(sorted(set(range(self.rows)) - set(positions)), pa.int64())
         table, offsets = self.to_table(schema).take(keep), self.offsets().take(keep)
+        stamps = self.timestamps()
+        self.row_timestamps_ms = [stamps.take(keep)] if stamps is not None else []
         self.tables, self.row_offsets, self.rows = [table], [offsets], table.num_rows
 
 
@@ -73,6 +83,8 @@ class ValueBuffers:
         if processed.rows.num_rows:
             buffer.tables.append(processed.rows)
             buffer.row_offsets.append(pa.array(processed.row_offsets, pa.int64()))
+            if processed.row_timestamps_ms is not None:
+                buffer.row_timestamps_ms.append(processed.row_timestamps_ms)
             buffer.rows += processed.rows.num_rows
             buffer.nbytes += processed.rows.nbytes
 

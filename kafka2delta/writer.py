@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import re
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -145,6 +146,21 @@ def _filesystem(uri: str, storage_options: Mapping[str, str]) -> tuple[pa_fs.Fil
         )
         return filesystem, parsed.netloc + parsed.path
     raise ConfigError("table.uri", f"unsupported scheme {parsed.scheme!r} (local paths and s3:// are supported)")
+
+
+_COMMIT_FILE = re.compile(r"^(\d{20})\.json$")
+
+
+def log_versions(uri: str, storage_options: Mapping[str, str]) -> list[int]:
+    """The versions of the commit files in a table's ``_delta_log`` (sorted), read from storage."""
+    filesystem, root = _filesystem(uri, storage_options)
+    selector = pa_fs.FileSelector(f"{root.rstrip('/')}/_delta_log", allow_not_found=True)
+    try:
+        infos = filesystem.get_file_info(selector)
+    except OSError as exc:
+        raise RetryableError(f"listing the log of {uri}: {exc}") from exc
+    versions = [int(m.group(1)) for info in infos if (m := _COMMIT_FILE.match(info.base_name))]
+    return sorted(versions)
 
 
 class DeltaWriter:

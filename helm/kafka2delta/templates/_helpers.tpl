@@ -1,0 +1,174 @@
+{{/* Names and labels. */}}
+{{- define "kafka2delta.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "kafka2delta.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "kafka2delta.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "kafka2delta.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "kafka2delta.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "kafka2delta.labels" -}}
+helm.sh/chart: {{ include "kafka2delta.chart" . }}
+{{ include "kafka2delta.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: kafka2delta
+{{- end }}
+
+{{- define "kafka2delta.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "kafka2delta.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* An image reference from {repository, tag, digest}: the digest wins, the tag defaults to appVersion. */}}
+{{- define "kafka2delta.image" -}}
+{{- $image := index . 0 }}
+{{- $root := index . 1 }}
+{{- if $image.digest }}
+{{- printf "%s@%s" $image.repository $image.digest }}
+{{- else }}
+{{- printf "%s:%s" $image.repository (default $root.Chart.AppVersion $image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/* A value as the daemon's config reads it from the environment: integral numbers without an exponent
+     (YAML numbers arrive as float64: 268435456 would print as 2.68435456e+08), lists comma-separated,
+     mappings as JSON, everything else as text. */}}
+{{- define "kafka2delta.envValue" -}}
+{{- $v := . }}
+{{- if kindIs "float64" $v }}
+{{- if eq $v (float64 (int64 $v)) }}{{ int64 $v }}{{ else }}{{ $v }}{{ end }}
+{{- else if kindIs "slice" $v }}
+{{- $items := list }}
+{{- range $v }}{{ $items = append $items (include "kafka2delta.envValue" .) }}{{ end }}
+{{- join "," $items }}
+{{- else if kindIs "map" $v }}
+{{- toJson $v }}
+{{- else }}
+{{- toString $v }}
+{{- end }}
+{{- end }}
+
+{{/* Keys that hold secrets never go into the ConfigMap (the daemon masks the same words in its logs). */}}
+{{- define "kafka2delta.assertNotSecret" -}}
+{{- if regexMatch "(?i)(password|secret|token|credential)" . }}
+{{- fail (printf "config key %q holds a secret: set it under secret: (e.g. secret.extra) so that it goes into a Secret, not the ConfigMap" .) }}
+{{- end }}
+{{- end }}
+
+{{/* The ConfigMap's data: values `config:` (section → key → value) as K2D_<SECTION>__<KEY> variables.
+     kafka.settings and table.storage_options take one more level (K2D_KAFKA__SETTINGS__SASL_MECHANISMS for
+     the librdkafka key sasl.mechanisms; K2D_TABLE__STORAGE_OPTIONS__AWS_REGION as written); other mappings
+     (table.schema, coercions.epoch_units) become one JSON object; `transforms:` (an ordered list) becomes
+     K2D_TRANSFORMS. metrics.host/port come from values `metrics:`. Empty values are left out. */}}
+{{- define "kafka2delta.configData" -}}
+{{- $data := dict }}
+{{- range $section, $values := .Values.config }}
+{{- if eq $section "transforms" }}
+{{- fail "config.transforms: use the top-level `transforms:` list ({target, expression}), which keeps their order" }}
+{{- end }}
+{{- if not (kindIs "map" $values) }}
+{{- fail (printf "config.%s must be a mapping of keys to values" $section) }}
+{{- end }}
+{{- range $key, $value := $values }}
+{{- $dotted := printf "%s.%s" $section $key }}
+{{- $name := printf "K2D_%s__%s" (upper $section) (upper $key) }}
+{{- if and (eq $section "metrics") (has $key (list "host" "port")) }}
+{{- fail (printf "config.%s: set metrics.port in the chart's values (the probes, Service and ServiceMonitor use it)" $dotted) }}
+{{- else if or (eq $dotted "kafka.settings") (eq $dotted "table.storage_options") }}
+{{- range $sub, $subValue := $value }}
+{{- include "kafka2delta.assertNotSecret" (printf "%s.%s" $dotted $sub) }}
+{{- $subName := ternary (upper (replace "." "_" $sub)) $sub (eq $key "settings") }}
+{{- $_ := set $data (printf "%s__%s" $name $subName) (include "kafka2delta.envValue" $subValue) }}
+{{- end }}
+{{- else if or (kindIs "invalid" $value) (and (or (kindIs "map" $value) (kindIs "slice" $value)) (empty $value)) }}
+{{- else }}
+{{- include "kafka2delta.assertNotSecret" $dotted }}
+{{- $_ := set $data $name (include "kafka2delta.envValue" $value) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- if .Values.transforms }}
+{{- $pairs := list }}
+{{- range .Values.transforms }}
+{{- $pairs = append $pairs (printf "%s: %s" (toJson (required "transforms[].target" .target)) (toJson (required "transforms[].expression" .expression))) }}
+{{- end }}
+{{- $_ := set $data "K2D_TRANSFORMS" (printf "{%s}" (join ", " $pairs)) }}
+{{- end }}
+{{- $_ := set $data "K2D_METRICS__HOST" "0.0.0.0" }}
+{{- $_ := set $data "K2D_METRICS__PORT" (include "kafka2delta.envValue" .Values.metrics.port) }}
+{{- toYaml $data }}
+{{- end }}
+
+{{/* The Secret's data (K2D_* name → value), from the named values and secret.extra. */}}
+{{- define "kafka2delta.secretData" -}}
+{{- $s := .Values.secret }}
+{{- $data := dict }}
+{{- if $s.kafkaSaslPassword }}{{ $_ := set $data "K2D_KAFKA__SETTINGS__SASL_PASSWORD" $s.kafkaSaslPassword }}{{ end }}
+{{- if $s.schemaRegistryPassword }}{{ $_ := set $data "K2D_SCHEMA_REGISTRY__PASSWORD" $s.schemaRegistryPassword }}{{ end }}
+{{- if $s.awsAccessKeyId }}{{ $_ := set $data "K2D_TABLE__STORAGE_OPTIONS__AWS_ACCESS_KEY_ID" $s.awsAccessKeyId }}{{ end }}
+{{- if $s.awsSecretAccessKey }}{{ $_ := set $data "K2D_TABLE__STORAGE_OPTIONS__AWS_SECRET_ACCESS_KEY" $s.awsSecretAccessKey }}{{ end }}
+{{- range $name, $value := $s.extra }}
+{{- if not (hasPrefix "K2D_" $name) }}
+{{- fail (printf "secret.extra: %q is not a K2D_* variable name" $name) }}
+{{- end }}
+{{- $_ := set $data $name (toString $value) }}
+{{- end }}
+{{- if $data }}{{ toYaml $data }}{{ end }}
+{{- end }}
+
+{{/* The Secret the pods read: an existing one, the chart's own, or none. */}}
+{{- define "kafka2delta.secretName" -}}
+{{- if .Values.secret.existingSecret }}
+{{- .Values.secret.existingSecret }}
+{{- else if include "kafka2delta.secretData" . }}
+{{- include "kafka2delta.fullname" . }}
+{{- end }}
+{{- end }}
+
+{{/* envFrom shared by the daemon and the maintenance jobs. */}}
+{{- define "kafka2delta.envFrom" -}}
+- configMapRef:
+    name: {{ include "kafka2delta.fullname" . }}
+{{- with include "kafka2delta.secretName" . }}
+- secretRef:
+    name: {{ . }}
+{{- end }}
+{{- with .Values.extraEnvFrom }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* Default grace period: a flush may wait for the allowed latency, then commit; 60 s for that commit. */}}
+{{- define "kafka2delta.terminationGracePeriodSeconds" -}}
+{{- if .Values.terminationGracePeriodSeconds }}
+{{- .Values.terminationGracePeriodSeconds }}
+{{- else }}
+{{- $latency := 5.0 }}
+{{- if and .Values.config.ingest (hasKey .Values.config.ingest "allowed_latency_s") }}
+{{- $latency = .Values.config.ingest.allowed_latency_s }}
+{{- end }}
+{{- add (int64 (ceil $latency)) 60 }}
+{{- end }}
+{{- end }}

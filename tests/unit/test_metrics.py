@@ -1,0 +1,175 @@
+"""The metrics facade: the fixed list of names, the bulk histogram (exactly what a per-value Histogram gives),
+per-row end-to-end latency, scrape-time gauges, and bounded labels."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import pyarrow as pa
+import pytest
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from kafka2delta.metrics import LATENCY_BUCKETS, METRIC_NAMES, BulkHistogram, CommitStats, Metrics
+
+
+def samples(registry: CollectorRegistry, family: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """name+labels → value for every sample of ``family`` (``_created`` left out: a naive Histogram has it)."""
+    found = {}
+    for metric in text_string_to_metric_families(generate_latest(registry).decode()):
+        if metric.name != family:
+            continue
+        for sample in metric.samples:
+            if not sample.name.endswith("_created"):
+                found[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return found
+
+
+def value(registry: CollectorRegistry, name: str, **labels: str) -> float | None:
+    return registry.get_sample_value(name, labels)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_bulk_histogram_equals_a_per_value_histogram(seed: int) -> None:
+    rng = random.Random(seed)
+    buckets = sorted(rng.sample([0.001, 0.01, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 60.0, 3600.0], 7))
+    bulk_registry, naive_registry = CollectorRegistry(), CollectorRegistry()
+    bulk = BulkHistogram("h_seconds", "h", ("topic",), buckets, bulk_registry)
+    naive = Histogram("h_seconds", "h", ("topic",), buckets=buckets, registry=naive_registry)
+    for _ in range(20):
+        topic = rng.choice(["a", "b", "c"])
+        kind = rng.random()
+        count = rng.randrange(0, 3000)
+        if kind < 0.3:
+            values = [rng.expovariate(1.0) for _ in range(count)]
+        elif kind < 0.6:
+            values = [rng.uniform(-1, 5000) for _ in range(count)]
+        else:  # exactly on the bounds (le is inclusive), and integers
+            values = [float(rng.choice([*buckets, 0, 1, 2, 7])) for _ in range(count)]
+        for v in values:
+            naive.labels(topic).observe(v)
+        bulk.observe_many((topic,), pa.array(values, pa.float64()))
+    got, want = samples(bulk_registry, "h_seconds"), samples(naive_registry, "h_seconds")
+    assert got.keys() == want.keys()
+    for key, expected in want.items():
+        if key[0].endswith("_sum"):
+            assert got[key] == pytest.approx(expected, rel=1e-9, abs=1e-9), key
+        else:
+            assert got[key] == expected, key  # bucket counts and _count: exact
+
+
+def test_bulk_histogram_buckets_are_cumulative_and_skip_nulls() -> None:
+    registry = CollectorRegistry()
+    bulk = BulkHistogram("x", "x", (), [1, 2, 5], registry)
+    bulk.observe_many((), pa.chunked_array([pa.array([0.5, None, 1.0, 2.0]), pa.array([3.0, 9.0])]))
+    assert [value(registry, "x_bucket", le=le) for le in ("1.0", "2.0", "5.0", "+Inf")] == [2, 3, 4, 5]
+    assert value(registry, "x_count") == 5 and value(registry, "x_sum") == pytest.approx(15.5)
+    with pytest.raises(ValueError):
+        bulk.observe_many(("extra",), pa.array([1.0]))
+
+
+def test_a_million_rows_are_observed_in_bulk_quickly() -> None:
+    registry = CollectorRegistry()
+    bulk = BulkHistogram("x", "x", ("topic",), LATENCY_BUCKETS, registry)
+    values = pa.array([i % 5000 / 10 for i in range(1_000_000)], pa.float64())
+    started = time.perf_counter()
+    bulk.observe_many(("t",), values)
+    elapsed = time.perf_counter() - started
+    assert value(registry, "x_count", topic="t") == 1_000_000
+    assert elapsed < 1.0, f"{elapsed:.3f} s for 1M values: not vectorised?"
+
+
+def fire_every_event(metrics: Metrics) -> None:
+    metrics.consumed("t", 0, 10)
+    metrics.skipped("t", 0, "duplicate", 1)
+    metrics.deserialized("t", 9)
+    metrics.failed("t", "coerce", 1)
+    metrics.dead_lettered("t", "coerce", 1)
+    metrics.unknown_fields("t", 2)
+    metrics.buffered(5, 1234)
+    metrics.commit_retry("t")
+    metrics.columns_added("t", 1)
+    metrics.schema_change("t")
+    metrics.commit_conflict("t", 0)
+    metrics.storage_retry()
+    metrics.rebalance("assigned", 2)
+    metrics.offset_out_of_range("t", 1)
+    metrics.assigned(2)
+    metrics.lag("t", 0, 7)
+    metrics.committed("t", CommitStats("latency", 3, {0: 8}, [4096], 0.2, 0.05, [pa.array([1], pa.int64())]))
+
+
+def test_every_documented_metric_is_exposed_with_its_type() -> None:
+    metrics = Metrics()
+    fire_every_event(metrics)
+    text = generate_latest(metrics.registry).decode()
+    families = {m.name: m.type for m in text_string_to_metric_families(text)}
+    exposed = {f"{name}_total" if kind == "counter" else name for name, kind in families.items()}
+    assert exposed == set(METRIC_NAMES)
+    for name in METRIC_NAMES:
+        assert f"\n{name}" in text or text.startswith(name) or f"{name}_bucket" in text, name
+    assert families["kafka2delta_end_to_end_latency_seconds"] == "histogram"
+    assert families["kafka2delta_consumer_lag"] == "gauge"
+    assert (
+        value(metrics.registry, "kafka2delta_build_info", version=pytest.importorskip("kafka2delta").__version__) == 1
+    )
+
+
+def test_no_unbounded_label() -> None:
+    metrics = Metrics()
+    fire_every_event(metrics)
+    allowed = {"topic", "partition", "stage", "reason", "event", "version", "le"}
+    for family in metrics.registry.collect():
+        for sample in family.samples:
+            assert set(sample.labels) <= allowed, (sample.name, sample.labels)
+
+
+def test_commit_observes_rows_files_and_per_row_latency() -> None:
+    wall = [1_000_000.0]
+    metrics = Metrics(wall_clock=lambda: wall[0])
+    now_ms = 1_000_000_000
+    stamps = [
+        pa.array([now_ms - 200, now_ms - 3_000, now_ms - 3_000], pa.int64()),  # 0.2 s, 3 s, 3 s
+        pa.array([now_ms - 700_000, now_ms + 5_000, -1], pa.int64()),  # 700 s; a clock ahead → 0; no timestamp
+    ]
+    metrics.committed("t", CommitStats("records", 12, {0: 3, 1: 3}, [2000, 70_000], 1.5, 0.3, stamps))
+    r = metrics.registry
+    assert value(r, "kafka2delta_commits_total", topic="t", reason="records") == 1
+    assert value(r, "kafka2delta_rows_written_total", topic="t", partition="0") == 3
+    assert value(r, "kafka2delta_rows_written_total", topic="t", partition="1") == 3
+    assert value(r, "kafka2delta_files_written_total", topic="t") == 2
+    assert value(r, "kafka2delta_bytes_written_total", topic="t") == 72_000
+    assert value(r, "kafka2delta_file_size_bytes_count", topic="t") == 2
+    assert value(r, "kafka2delta_file_size_bytes_bucket", topic="t", le="4096.0") == 1
+    assert value(r, "kafka2delta_rows_per_commit_sum", topic="t") == 6
+    assert value(r, "kafka2delta_flush_duration_seconds_sum", topic="t") == 1.5
+    assert value(r, "kafka2delta_commit_duration_seconds_sum", topic="t") == 0.3
+    assert value(r, "kafka2delta_last_committed_version") == 12
+    assert value(r, "kafka2delta_last_commit_timestamp_seconds") == 1_000_000.0
+    latency = "kafka2delta_end_to_end_latency_seconds"
+    assert value(r, f"{latency}_count", topic="t") == 5  # the row without a timestamp is not observed
+    assert value(r, f"{latency}_sum", topic="t") == pytest.approx(0.2 + 3 + 3 + 700 + 0)
+    assert value(r, f"{latency}_bucket", topic="t", le="0.25") == 2  # 0.2 s and the clamped one
+    assert value(r, f"{latency}_bucket", topic="t", le="5.0") == 4
+    assert value(r, f"{latency}_bucket", topic="t", le="600.0") == 4
+    assert value(r, f"{latency}_bucket", topic="t", le="1800.0") == 5
+
+
+def test_seconds_since_last_commit_is_computed_at_scrape_time() -> None:
+    now = [100.0]
+    metrics = Metrics(clock=lambda: now[0])
+    now[0] = 130.0
+    assert value(metrics.registry, "kafka2delta_seconds_since_last_commit") == 30  # since start: no commit yet
+    metrics.committed("t", CommitStats("latency", 1, {}, [], 0.1, 0.1))
+    now[0] = 142.5
+    assert value(metrics.registry, "kafka2delta_seconds_since_last_commit") == 12.5
+
+
+def test_lag_of_partitions_no_longer_ours_is_removed() -> None:
+    metrics = Metrics()
+    metrics.lag("t", 0, 5)
+    metrics.lag("t", 1, 0)
+    metrics.unassigned("t", [1, 7])
+    assert value(metrics.registry, "kafka2delta_consumer_lag", topic="t", partition="0") == 5
+    assert value(metrics.registry, "kafka2delta_consumer_lag", topic="t", partition="1") is None
