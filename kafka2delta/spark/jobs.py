@@ -1,0 +1,308 @@
+"""``jobs mutate`` and ``jobs ttl``: Spark Structured Streaming jobs that read request topics from Kafka and
+change the table, one coordinator turn at a time.
+
+A turn: take the coordinator's turn (lock + predecessor; none: skip, try at the next trigger), run the query
+with ``Trigger.AvailableNow`` (every request available now, in micro-batches of at most
+``jobs.max_requests_per_batch``; the checkpoint in ``<jobs.checkpoint_dir>/<job>`` records them), then, for
+``ttl``, the retention delete; register and release. A turn that fails (a conflicting commit when the table's
+other writers are not coordinated) releases without registering; the next turn replays the unfinished batch
+from the checkpoint, and the txn versions make that replay change nothing that already landed.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kafka2delta.config import Config
+from kafka2delta.coordinator import Coordinator, CoordinatorError
+from kafka2delta.errors import ConfigError, Kafka2DeltaError
+from kafka2delta.spark.errors import ConflictingCommit, SparkJobError, translate
+from kafka2delta.spark.mutations import (
+    BatchResult,
+    Target,
+    apply_gdpr_deletes,
+    apply_mutations,
+    retention_delete,
+)
+from kafka2delta.spark.report import Report
+from kafka2delta.spark.session import spark_path
+from kafka2delta.spark.tables import add_actions, check_writable, table_stats
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+logger = logging.getLogger(__name__)
+
+Handler = Callable[["SparkSession", list[tuple[int, int, bytes | None]], int], BatchResult]
+
+
+@dataclass
+class JobStats:
+    """Counters over a job's turns."""
+
+    turns: int = 0
+    skipped_turns: int = 0
+    conflicts: int = 0
+    batches: int = 0
+    result: BatchResult = field(default_factory=BatchResult)
+    retention_deleted: int = 0
+    skip_reasons: dict[str, int] = field(default_factory=dict)
+
+
+def checkpoint_location(config: Config, job: str) -> str:
+    base = config.jobs.checkpoint_dir or f"{config.table.uri.rstrip('/')}_checkpoints"
+    return f"{spark_path(base).rstrip('/')}/{job}"
+
+
+class StreamingJob:
+    """One of the two streaming jobs, run turn by turn."""
+
+    def __init__(
+        self,
+        session: SparkSession,
+        config: Config,
+        job: str,
+        coordinator: Coordinator,
+        *,
+        job_name: str | None = None,
+        clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+    ) -> None:
+        if job not in ("mutate", "ttl"):
+            raise ValueError(job)
+        # Its own SQL conf (the txn settings of idempotent DML), sharing the SparkContext: several jobs may run
+        # in one process (tests, notebooks) without seeing each other's settings.
+        self.session = session.newSession()
+        self.config = config
+        self.job = job
+        self.name = job_name or job
+        self.coordinator = coordinator
+        self.target = Target(config.table.uri, config.table.storage_options)
+        self.stats = JobStats()
+        self._clock = clock
+        jobs = config.jobs
+        self.topic = jobs.mutation_topic if job == "mutate" else jobs.ttl_topic
+        if job == "mutate" and not self.topic:
+            raise ConfigError("jobs.mutation_topic", "is required by 'jobs mutate'")
+        if job == "ttl":
+            if not self.topic and not jobs.retention_column:
+                raise ConfigError("jobs.ttl_topic", "'jobs ttl' needs jobs.ttl_topic or jobs.retention_column")
+            if self.topic and not jobs.subject_column:
+                raise ConfigError("jobs.subject_column", "is required with jobs.ttl_topic")
+
+    # -- one micro-batch (called by Spark in this driver process)
+
+    def _handler(self) -> Handler:
+        app_id, topic = self.config.app_id, self.topic
+        if self.job == "mutate":
+            return lambda session, messages, batch_id: apply_mutations(
+                session, self.target, messages, batch_id, app_id, topic
+            )
+        column = self.config.jobs.subject_column
+        return lambda session, messages, batch_id: apply_gdpr_deletes(
+            session, self.target, messages, batch_id, app_id, topic, column
+        )
+
+    def _for_each_batch(self, handler: Handler) -> Callable[[DataFrame, int], None]:
+        def process(batch: DataFrame, batch_id: int) -> None:
+            rows = batch.collect()
+            messages = [(int(r["partition"]), int(r["offset"]), r["value"]) for r in rows]
+            if not messages:
+                return
+            result = handler(batch.sparkSession, messages, batch_id)
+            self.stats.batches += 1
+            self.stats.result.add(result)
+
+        return process
+
+    def _run_query(self) -> None:
+        jobs, kafka = self.config.jobs, self.config.kafka
+        reader = (
+            self.session.readStream.format("kafka")
+            .option("kafka.bootstrap.servers", kafka.bootstrap_servers)
+            .option("subscribe", self.topic)
+            .option("startingOffsets", jobs.starting_offsets)
+            .option("maxOffsetsPerTrigger", str(jobs.max_requests_per_batch))
+        )
+        for key, value in kafka.settings.items():
+            reader = reader.option(f"kafka.{key}", value)
+        query = (
+            reader.load()
+            .selectExpr("partition", "offset", "value")
+            .writeStream.foreachBatch(self._for_each_batch(self._handler()))
+            .option("checkpointLocation", checkpoint_location(self.config, self.name))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination()
+
+    def pending_work(self) -> bool:
+        """False only when the checkpoint shows every request of the topic processed (an idle turn then costs
+        no streaming query); True when unsure."""
+        from kafka2delta.kafka import high_watermarks, topic_partitions
+
+        location = checkpoint_location(self.config, self.name)
+        if "://" in location and not location.startswith("file:"):
+            return True
+        root = Path(location.removeprefix("file:"))
+
+        def last(directory: Path) -> int:
+            return max((int(p.name) for p in directory.glob("[0-9]*") if p.name.isdigit()), default=-1)
+
+        planned, committed = last(root / "offsets"), last(root / "commits")
+        if planned < 0 or planned > committed:  # never ran, or a planned batch to (re)run
+            return True
+        try:
+            lines = (root / "offsets" / str(planned)).read_text().splitlines()
+            done = {int(p): int(o) for p, o in json.loads(lines[2]).get(self.topic, {}).items()}
+            kafka = self.config.kafka
+            partitions = topic_partitions(kafka.bootstrap_servers, self.topic, kafka.settings)
+            highs = high_watermarks(kafka.bootstrap_servers, self.topic, partitions, kafka.settings)
+        except (OSError, ValueError, IndexError, AttributeError, Kafka2DeltaError) as exc:
+            logger.debug("%s: cannot tell whether requests are pending (%s); running the query", self.name, exc)
+            return True
+        return any(high > done.get(partition, 0) for partition, high in highs.items())
+
+    def _retention(self) -> None:
+        jobs = self.config.jobs
+        cutoff = self._clock() - dt.timedelta(days=jobs.retention_days)
+        iso = cutoff.strftime("%Y-%m-%d %H:%M:%S.%f")
+        if not self._may_hold_rows_before(jobs.retention_column, cutoff):
+            logger.debug("retention: no file holds %s < %s UTC (log statistics)", jobs.retention_column, iso)
+            return
+        deleted = retention_delete(self.session, self.target.path, jobs.retention_column, iso)
+        self.stats.retention_deleted += deleted
+        logger.info("retention: %d rows with %s < %s UTC deleted", deleted, jobs.retention_column, iso)
+
+    def _may_hold_rows_before(self, column: str, cutoff: dt.datetime) -> bool:
+        """False when the log's min statistics prove no row is older than ``cutoff`` (no DELETE to run)."""
+        actions = add_actions(self.target.uri, self.target.storage_options)
+        if actions.num_rows == 0:
+            return False
+        name = f"min.{column}"
+        if name not in actions.column_names:
+            return True
+        for low in actions.column(name).to_pylist():
+            if low is None:
+                return True
+            if isinstance(low, dt.datetime):
+                low = low if low.tzinfo else low.replace(tzinfo=dt.UTC)
+                if low < cutoff:
+                    return True
+            elif isinstance(low, dt.date):
+                if low < cutoff.date():
+                    return True
+            else:
+                return True
+        return False
+
+    # -- turns
+
+    def run_turn(self) -> bool:
+        """One turn; False if the coordinator gave none. Raises ConflictingCommit / SparkJobError."""
+        from py4j.protocol import Py4JError
+        from pyspark.errors import PySparkException
+
+        turn = self.coordinator.turn(self.name)
+        if turn is None:
+            self.stats.skipped_turns += 1
+            reason = self.coordinator.last_skip.split(" (")[0]
+            self.stats.skip_reasons[reason] = self.stats.skip_reasons.get(reason, 0) + 1
+            return False
+        with turn:
+            check_writable(self.target.uri, self.target.storage_options)
+            try:
+                if self.topic and self.pending_work():
+                    self._run_query()
+                if self.job == "ttl" and self.config.jobs.retention_column:
+                    self._retention()
+            except (PySparkException, Py4JError) as exc:
+                error = translate(exc, f"jobs {self.job}")
+                if isinstance(error, ConflictingCommit):
+                    self.stats.conflicts += 1
+                raise error from exc
+            check_writable(self.target.uri, self.target.storage_options)
+        self.stats.turns += 1
+        return True
+
+    def run(
+        self,
+        *,
+        available_now: bool = False,
+        max_turns: int | None = None,
+        max_attempts: int = 5,
+        stop: threading.Event | None = None,
+        interval_s: float | None = None,
+    ) -> Report:
+        """Turns until ``stop`` is set, ``max_turns`` turns ran, or (``available_now``) one turn completed.
+
+        A conflicting commit (or the coordinator's store failing) fails the turn, not the job: the next turn
+        retries (``available_now``: at most ``max_attempts`` turns, then it is raised). Other errors are raised.
+        """
+        stop = stop or threading.Event()
+        interval = self.config.jobs.trigger_interval_s if interval_s is None else interval_s
+        started = time.monotonic()
+        before = table_stats(self.target.uri, self.target.storage_options)
+        attempts = 0
+        status, reason = "ok", ""
+        while not stop.is_set():
+            attempts += 1
+            conflict = False
+            try:
+                ran = self.run_turn()
+            except (ConflictingCommit, CoordinatorError) as exc:  # a commit lost, or a ZooKeeper blip
+                logger.warning("%s: %s; retrying at the next turn", self.name, exc)
+                if available_now and attempts >= max_attempts:
+                    raise
+                ran, conflict = False, True
+            if available_now and ran:
+                break
+            if available_now and not conflict:
+                status, reason = "skipped", self.coordinator.last_skip
+                break
+            if max_turns is not None and attempts >= max_turns:
+                break
+            stop.wait(min(interval, 1.0) if available_now else interval)
+        after = table_stats(self.target.uri, self.target.storage_options)
+        result = self.stats.result
+        details: dict[str, Any] = {
+            "turns": self.stats.turns,
+            "skipped_turns": self.stats.skipped_turns,
+            "conflicts": self.stats.conflicts,
+            "batches": self.stats.batches,
+            "requests": result.requests,
+            "invalid": result.invalid,
+            "commits": result.commits,
+            "replayed_commits_skipped": result.skipped_commits,
+            "rows_updated": result.rows_updated,
+            "rows_deleted": result.rows_deleted,
+        }
+        if self.job == "ttl":
+            details["retention_deleted"] = self.stats.retention_deleted
+        if self.stats.skip_reasons:
+            details["skip_reasons"] = dict(self.stats.skip_reasons)
+        return Report(
+            self.name,
+            self.target.uri,
+            status=status,
+            reason=reason,
+            files_before=before.files,
+            files_after=after.files,
+            bytes_before=before.bytes,
+            bytes_after=after.bytes,
+            rows_before=before.rows,
+            rows_after=after.rows,
+            rows_changed=result.rows_updated + result.rows_deleted + self.stats.retention_deleted,
+            duration_s=time.monotonic() - started,
+            details=details,
+        )
+
+
+__all__ = ["JobStats", "SparkJobError", "StreamingJob", "checkpoint_location"]

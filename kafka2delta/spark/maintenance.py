@@ -1,0 +1,198 @@
+"""``maintain optimize`` and ``maintain vacuum``: compaction (bin-packing or Z-order) and the removal of files no
+version references any more, including the Parquet files a crashed daemon wrote but never committed.
+
+Neither changes data, so neither conflicts with the daemon's appends: Delta runs OPTIMIZE at snapshot isolation
+(files appended meanwhile are simply not part of it) and delta-rs's appends read no files (tests/spark prove it).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from kafka2delta.errors import ConfigError, FatalError
+from kafka2delta.spark.errors import translate
+from kafka2delta.spark.report import Report
+from kafka2delta.spark.session import spark_path
+from kafka2delta.spark.tables import (
+    DAEMON_FILE,
+    check_writable,
+    data_files,
+    logged_adds,
+    referenced_paths,
+    table_stats,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+logger = logging.getLogger(__name__)
+
+# A daemon's file is uncommitted for the moment between its write and its commit: never vacuum that young.
+MIN_RETAIN_HOURS = 1.0
+DELTA_DEFAULT_RETAIN_HOURS = 168.0
+
+
+class _SessionConf:
+    """Set runtime SQL settings for the duration of a ``with`` block, then put the old values back."""
+
+    def __init__(self, session: SparkSession, values: Mapping[str, str]) -> None:
+        self._session, self._values = session, dict(values)
+        self._old: dict[str, str | None] = {}
+
+    def __enter__(self) -> None:
+        for key, value in self._values.items():
+            self._old[key] = self._session.conf.get(key, None)
+            self._session.conf.set(key, value)
+
+    def __exit__(self, *exc: object) -> None:
+        for key, old in self._old.items():
+            if old is None:
+                self._session.conf.unset(key)
+            else:
+                self._session.conf.set(key, old)
+
+
+def optimize(
+    session: SparkSession,
+    uri: str,
+    storage_options: Mapping[str, str] = {},
+    *,
+    zorder_by: Sequence[str] = (),
+    where: str = "",
+    target_file_size: int | None = None,
+) -> Report:
+    """Compact small files into files of ``target_file_size`` bytes (Delta's default 1 GiB), or Z-order them by
+    ``zorder_by``; only the partitions matching ``where`` (a predicate on partition columns) if given."""
+    from delta.tables import DeltaTable
+    from py4j.protocol import Py4JError
+    from pyspark.errors import PySparkException
+
+    started = time.monotonic()
+    if target_file_size is not None and target_file_size <= 0:
+        raise ConfigError("--target-file-size", f"expected a positive number of bytes, got {target_file_size}")
+    check_writable(uri, storage_options)
+    before = table_stats(uri, storage_options)
+    conf = {}
+    if target_file_size is not None:
+        conf = {
+            "spark.databricks.delta.optimize.maxFileSize": str(target_file_size),
+            "spark.databricks.delta.optimize.minFileSize": str(target_file_size),
+        }
+    try:
+        with _SessionConf(session, conf):
+            builder = DeltaTable.forPath(session, spark_path(uri)).optimize()
+            if where:
+                builder = builder.where(where)
+            result = builder.executeZOrderBy(*zorder_by) if zorder_by else builder.executeCompaction()
+            rows = result.collect()
+    except (PySparkException, Py4JError) as exc:
+        raise translate(exc, "optimize") from exc
+    metrics = rows[0]["metrics"].asDict(recursive=True) if rows and rows[0]["metrics"] is not None else {}
+    check_writable(uri, storage_options)
+    after = table_stats(uri, storage_options)
+    details: dict[str, object] = {
+        "files_removed": metrics.get("numFilesRemoved", 0),
+        "files_added": metrics.get("numFilesAdded", 0),
+        "bytes_removed": (metrics.get("filesRemoved") or {}).get("totalSize", 0),
+        "bytes_added": (metrics.get("filesAdded") or {}).get("totalSize", 0),
+        "version": f"{before.version}->{after.version}",
+    }
+    if zorder_by:
+        details["zorder_by"] = ",".join(zorder_by)
+    if where:
+        details["where"] = where
+    if target_file_size is not None:
+        details["target_file_size"] = target_file_size
+    return Report(
+        "optimize",
+        uri,
+        files_before=before.files,
+        files_after=after.files,
+        bytes_before=before.bytes,
+        bytes_after=after.bytes,
+        rows_before=before.rows,
+        rows_after=after.rows,
+        duration_s=time.monotonic() - started,
+        details=details,
+    )
+
+
+def vacuum(
+    session: SparkSession,
+    uri: str,
+    storage_options: Mapping[str, str] = {},
+    *,
+    retain_hours: float = DELTA_DEFAULT_RETAIN_HOURS,
+    dry_run: bool = False,
+) -> Report:
+    """Delete the files that no table version younger than ``retain_hours`` references and that are older than
+    that: files removed by earlier commits, and a crashed daemon's never-committed Parquet files (orphans).
+    Never a file of the current version: the candidates are checked against the log before anything is deleted."""
+    from py4j.protocol import Py4JError
+    from pyspark.errors import PySparkException
+
+    started = time.monotonic()
+    if retain_hours < MIN_RETAIN_HOURS:
+        raise ConfigError(
+            "--retain-hours",
+            f"expected at least {MIN_RETAIN_HOURS:g} hour: a daemon's new file stays uncommitted for a moment, "
+            f"and a younger retention could delete it before its commit (got {retain_hours:g})",
+        )
+    check_writable(uri, storage_options)
+    stats = table_stats(uri, storage_options)
+    on_storage = {f.path: f for f in data_files(uri, storage_options)}
+    root = spark_path(uri).rstrip("/")
+    statement = f"VACUUM delta.`{root.replace('`', '``')}` RETAIN {retain_hours:g} HOURS"
+    conf = {}
+    if retain_hours < DELTA_DEFAULT_RETAIN_HOURS:
+        conf["spark.databricks.delta.retentionDurationCheck.enabled"] = "false"
+    try:
+        with _SessionConf(session, conf):
+            candidates = [_relative(str(row[0]), root) for row in session.sql(f"{statement} DRY RUN").collect()]
+            committed = referenced_paths(uri, storage_options)
+            clash = sorted(set(candidates) & committed)
+            if clash:
+                raise FatalError(f"refusing to vacuum {uri}: it would delete committed files {clash[:5]}")
+            if not dry_run:
+                session.sql(statement).collect()
+    except (PySparkException, Py4JError) as exc:
+        raise translate(exc, "vacuum") from exc
+    ever_added = logged_adds(uri, storage_options)
+    orphans = [p for p in candidates if DAEMON_FILE.match(p.rsplit("/", 1)[-1]) and p not in ever_added]
+    after = {f.path: f for f in data_files(uri, storage_options)}
+    missing = sorted(committed - set(after))
+    if missing:
+        raise FatalError(f"committed files of {uri} are missing after vacuum: {missing[:5]}")
+    freed = sum(on_storage[p].size for p in candidates if p in on_storage)
+    return Report(
+        "vacuum",
+        uri,
+        files_before=len(on_storage),
+        files_after=len(after),
+        bytes_before=sum(f.size for f in on_storage.values()),
+        bytes_after=sum(f.size for f in after.values()),
+        rows_before=stats.rows,
+        rows_after=stats.rows,
+        duration_s=time.monotonic() - started,
+        details={
+            "retain_hours": f"{retain_hours:g}",
+            "deleted" if not dry_run else "would_delete": len(candidates),
+            "orphans": len(orphans),
+            "bytes_freed": freed,
+            "committed_files": len(committed),
+        },
+    )
+
+
+def _relative(path: str, root: str) -> str:
+    """A VACUUM result path (``file:/abs/table/x.parquet``) relative to the table root."""
+    for prefix in ("file://", "file:"):
+        if path.startswith(prefix) and not root.startswith(prefix):
+            path = path.removeprefix(prefix)
+            break
+    if path.startswith(root + "/"):
+        return path[len(root) + 1 :]
+    return path

@@ -1,0 +1,367 @@
+"""Mutation and GDPR requests: parsing and grouping (pure), and applying one micro-batch of them to the table.
+
+A mutation request is one JSON object per Kafka message::
+
+    {"op": "update", "match": {"lead_id": "L1"}, "set": {"contact_id": "C9"}}
+    {"op": "delete", "match": {"lead_id": "L2", "org": "o1"}}
+
+``match`` and ``set`` name top-level columns with scalar values (``set`` values may be null). A GDPR request is
+``{"subject_id": "U1"}``: every row whose ``jobs.subject_column`` equals it is deleted. A request that is not
+valid is logged with ``topic[partition]@offset`` and counted, never applied, and does not stop the job.
+
+Exactly once: a micro-batch's requests, in (partition, offset) order, are cut into groups of consecutive
+requests that one MERGE can apply as if one by one (the same match columns and no match value twice, so each
+row meets at most one of them; updates setting the same columns, none of them a match column; deletes mix in).
+Group ``i`` of batch ``b`` commits with Delta's idempotent-DML
+transaction ``txnAppId = <app_id>-mutate``, ``txnVersion = b * 1_000_000 + i``, so a replayed batch (a crash
+after some of its commits, or a conflict) skips the groups that landed and applies the rest. GDPR batches are
+one DELETE each: ``txnAppId = <app_id>-ttl``, ``txnVersion = b``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+    from pyspark.sql.types import StructType
+
+logger = logging.getLogger(__name__)
+
+GROUP_STRIDE = 1_000_000
+"""txnVersion = batch id * GROUP_STRIDE + group index (a batch holds fewer requests than this)."""
+TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
+TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
+
+Scalar = str | int | float | bool | None
+
+
+@dataclass(frozen=True)
+class Request:
+    """One valid mutation request."""
+
+    op: Literal["update", "delete"]
+    match: tuple[tuple[str, Scalar], ...]
+    set: tuple[tuple[str, Scalar], ...]
+    where: str
+    """``topic[partition]@offset``, for logs."""
+
+    @property
+    def shape(self) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
+        return self.op, tuple(c for c, _ in self.match), tuple(c for c, _ in self.set)
+
+    @property
+    def key(self) -> tuple[Scalar, ...]:
+        return tuple(v for _, v in self.match)
+
+
+@dataclass
+class BatchResult:
+    """What one micro-batch did."""
+
+    requests: int = 0
+    invalid: int = 0
+    commits: int = 0
+    skipped_commits: int = 0
+    """Groups already applied by an earlier run of the same batch (their txnVersion was in the log)."""
+    rows_updated: int = 0
+    rows_deleted: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    def add(self, other: BatchResult) -> None:
+        self.requests += other.requests
+        self.invalid += other.invalid
+        self.commits += other.commits
+        self.skipped_commits += other.skipped_commits
+        self.rows_updated += other.rows_updated
+        self.rows_deleted += other.rows_deleted
+        self.errors.extend(other.errors)
+
+
+def _scalar_columns(
+    schema: Mapping[str, str], values: Any, what: str, *, nullable: bool
+) -> tuple[tuple[str, Scalar], ...]:
+    if not isinstance(values, dict) or not values:
+        raise ValueError(f"'{what}' must be a non-empty object of column: value")
+    pairs = []
+    for column, value in values.items():
+        if column not in schema:
+            raise ValueError(f"'{what}' names {column!r}, which is not a top-level column")
+        if schema[column].startswith(("struct", "array", "map")):
+            raise ValueError(f"'{what}' names {column!r}, a {schema[column]} column (scalars only)")
+        if value is None and not nullable:
+            raise ValueError(f"'{what}' needs a value for {column!r}, not null")
+        if isinstance(value, (dict, list)):
+            raise ValueError(f"'{what}' value of {column!r} must be a scalar, got {json.dumps(value)[:80]}")
+        pairs.append((str(column), value))
+    return tuple(sorted(pairs))
+
+
+def parse_mutation(payload: bytes | None, schema: Mapping[str, str], where: str) -> Request:
+    """A valid request from a message payload; ValueError says why not. ``schema`` maps column → simple type."""
+    if not payload:
+        raise ValueError("empty payload")
+    try:
+        raw = json.loads(payload)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"not JSON: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ValueError("not a JSON object")
+    op = raw.get("op")
+    unknown = set(raw) - {"op", "match", "set"}
+    if unknown:
+        raise ValueError(f"unknown keys {sorted(unknown)}")
+    match = _scalar_columns(schema, raw.get("match"), "match", nullable=False)
+    if op == "delete":
+        if raw.get("set"):
+            raise ValueError("a delete has no 'set'")
+        return Request("delete", match, (), where)
+    if op == "update":
+        assignments = _scalar_columns(schema, raw.get("set"), "set", nullable=True)
+        return Request("update", match, assignments, where)
+    raise ValueError(f"'op' must be 'update' or 'delete', got {op!r}")
+
+
+def parse_subject(payload: bytes | None) -> str:
+    """The subject id of a GDPR request ``{"subject_id": ...}``; ValueError says why not."""
+    if not payload:
+        raise ValueError("empty payload")
+    try:
+        raw = json.loads(payload)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"not JSON: {exc}") from exc
+    if not isinstance(raw, dict) or set(raw) != {"subject_id"}:
+        raise ValueError('expected {"subject_id": <id>}')
+    subject = raw["subject_id"]
+    if subject is None or isinstance(subject, (dict, list, bool)) or subject == "":
+        raise ValueError(f"subject_id must be a string or number, got {subject!r}")
+    return str(subject)
+
+
+def _set_columns(group: Sequence[Request]) -> tuple[str, ...] | None:
+    """The ``set`` columns of a group's updates (None: deletes only so far)."""
+    return next((r.shape[2] for r in group if r.op == "update"), None)
+
+
+def group_requests(requests: Sequence[Request]) -> list[list[Request]]:
+    """Cut ``requests`` (in order) into groups that one MERGE each applies exactly as if one by one.
+
+    A group's requests match on the same columns with distinct values, so each row is matched by at most one
+    of them and their order inside the group does not matter; updates in a group set the same columns, never a
+    match column (a row cannot move to another request's key). Deletes and updates mix.
+    """
+    groups: list[list[Request]] = []
+    keys: set[tuple[Scalar, ...]] = set()
+    for request in requests:
+        _op, match_columns, set_columns = request.shape
+        current = groups[-1] if groups else None
+        fits = (
+            current is not None
+            and current[0].shape[1] == match_columns
+            and request.key not in keys
+            and not set(match_columns) & set(set_columns)
+            and not set(match_columns) & set(_set_columns(current) or ())
+            and (request.op == "delete" or _set_columns(current) in (None, set_columns))
+        )
+        if not fits:
+            groups.append([])
+            keys = set()
+        groups[-1].append(request)
+        keys.add(request.key)
+    return groups
+
+
+def _text(value: Scalar) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _q(column: str) -> str:
+    return "`" + column.replace("`", "``") + "`"
+
+
+def simple_schema(schema: StructType) -> dict[str, str]:
+    """Top-level column name → Spark SQL type (``string``, ``bigint``, ``struct<…>``)."""
+    return {f.name: f.dataType.simpleString() for f in schema.fields}
+
+
+class _Txn:
+    """Delta's idempotent-DML transaction for the commands run inside the block."""
+
+    def __init__(self, session: SparkSession, app_id: str, version: int) -> None:
+        self._session, self._app_id, self._version = session, app_id, version
+
+    def __enter__(self) -> None:
+        self._session.conf.set(TXN_APP_ID_CONF, self._app_id)
+        self._session.conf.set(TXN_VERSION_CONF, str(self._version))
+
+    def __exit__(self, *exc: object) -> None:
+        self._session.conf.unset(TXN_APP_ID_CONF)
+        self._session.conf.unset(TXN_VERSION_CONF)
+
+
+@dataclass(frozen=True)
+class Target:
+    """The table the jobs change: its URI and storage options for deltalake, its path for Spark."""
+
+    uri: str
+    storage_options: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def path(self) -> str:
+        from kafka2delta.spark.session import spark_path
+
+        return spark_path(self.uri)
+
+    def applied_version(self, txn_app_id: str) -> int:
+        """The table's txn version of ``txn_app_id`` (-1 if none), read with deltalake."""
+        from deltalake import DeltaTable as RsTable
+
+        version = RsTable(self.uri, storage_options=dict(self.storage_options) or None).transaction_version(txn_app_id)
+        return -1 if version is None else int(version)
+
+
+def _merge(session: SparkSession, path: str, group: list[Request], types: Mapping[str, str]) -> tuple[int, int]:
+    """One MERGE applying ``group``; (rows updated, rows deleted)."""
+    from delta.tables import DeltaTable
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    match_columns = group[0].shape[1]
+    set_columns = _set_columns(group) or ()
+    names = ["op"] + [f"m{i}" for i in range(len(match_columns))] + [f"s{i}" for i in range(len(set_columns))]
+    source_schema = StructType([StructField(n, StringType(), True) for n in names])
+    rows = [
+        (r.op, *(_text(v) for _, v in r.match), *(_text(v) for _, v in r.set or [(c, None) for c in set_columns]))
+        for r in group
+    ]
+    source = session.createDataFrame(rows, source_schema)
+    condition = " AND ".join(f"t.{_q(c)} = CAST(s.m{i} AS {types[c]})" for i, c in enumerate(match_columns))
+    builder = DeltaTable.forPath(session, path).alias("t").merge(source.alias("s"), condition)
+    if any(r.op == "delete" for r in group):
+        builder = builder.whenMatchedDelete(condition="s.op = 'delete'")
+    if set_columns:
+        builder = builder.whenMatchedUpdate(
+            condition="s.op = 'update'",
+            set={_q(c): f"CAST(s.s{i} AS {types[c]})" for i, c in enumerate(set_columns)},
+        )
+    metrics = builder.execute().collect()
+    if not metrics:
+        return 0, 0
+    row = metrics[0].asDict()
+    return int(row.get("num_updated_rows") or 0), int(row.get("num_deleted_rows") or 0)
+
+
+def apply_mutations(
+    session: SparkSession,
+    target: Target,
+    messages: Sequence[tuple[int, int, bytes | None]],
+    batch_id: int,
+    app_id: str,
+    topic: str,
+) -> BatchResult:
+    """Apply one micro-batch of mutation requests (``(partition, offset, value)``) to ``target``."""
+    from delta.tables import DeltaTable
+
+    path = target.path
+    result = BatchResult()
+    types = simple_schema(DeltaTable.forPath(session, path).toDF().schema)
+    requests = []
+    for partition, offset, value in sorted(messages, key=lambda m: (m[0], m[1])):
+        where = f"{topic}[{partition}]@{offset}"
+        result.requests += 1
+        try:
+            requests.append(parse_mutation(value, types, where))
+        except ValueError as exc:
+            result.invalid += 1
+            logger.warning("invalid mutation request %s: %s", where, exc)
+    txn_app_id = f"{app_id}-mutate"
+    applied = target.applied_version(txn_app_id)
+    for index, group in enumerate(group_requests(requests)):
+        version = batch_id * GROUP_STRIDE + index
+        if version <= applied:
+            result.skipped_commits += 1
+            continue
+        with _Txn(session, txn_app_id, version):
+            updated, deleted = _merge(session, path, group, types)
+        result.commits += 1
+        result.rows_updated += updated
+        result.rows_deleted += deleted
+        logger.info(
+            "batch %d group %d: %d request(s) %s..%s: %d updated, %d deleted (txn %s=%d)",
+            batch_id,
+            index,
+            len(group),
+            group[0].where,
+            group[-1].where,
+            updated,
+            deleted,
+            txn_app_id,
+            version,
+        )
+    return result
+
+
+def apply_gdpr_deletes(
+    session: SparkSession,
+    target: Target,
+    messages: Sequence[tuple[int, int, bytes | None]],
+    batch_id: int,
+    app_id: str,
+    topic: str,
+    subject_column: str,
+) -> BatchResult:
+    """Delete every row of the subjects requested in one micro-batch: one commit, txnVersion = batch id."""
+    from delta.tables import DeltaTable
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    path = target.path
+    result = BatchResult()
+    subjects: set[str] = set()
+    for partition, offset, value in messages:
+        result.requests += 1
+        try:
+            subjects.add(parse_subject(value))
+        except ValueError as exc:
+            result.invalid += 1
+            logger.warning("invalid GDPR request %s[%d]@%d: %s", topic, partition, offset, exc)
+    if not subjects:
+        return result
+    txn_app_id = f"{app_id}-ttl"
+    if batch_id <= target.applied_version(txn_app_id):
+        result.skipped_commits += 1
+        return result
+    table = DeltaTable.forPath(session, path)
+    column_type = simple_schema(table.toDF().schema)[subject_column]
+    source = session.createDataFrame(
+        [(s,) for s in sorted(subjects)], StructType([StructField("subject", StringType(), False)])
+    )
+    condition = f"t.{_q(subject_column)} = CAST(s.subject AS {column_type})"
+    with _Txn(session, txn_app_id, batch_id):
+        metrics = table.alias("t").merge(source.alias("s"), condition).whenMatchedDelete().execute().collect()
+    result.commits += 1
+    result.rows_deleted += int(metrics[0].asDict().get("num_deleted_rows") or 0) if metrics else 0
+    logger.info(
+        "batch %d: GDPR delete of %d subject(s): %d rows deleted (txn %s=%d)",
+        batch_id,
+        len(subjects),
+        result.rows_deleted,
+        txn_app_id,
+        batch_id,
+    )
+    return result
+
+
+def retention_delete(session: SparkSession, path: str, column: str, cutoff_iso: str) -> int:
+    """Delete rows whose ``column`` is older than ``cutoff_iso`` (UTC); rows deleted. Idempotent by nature."""
+    statement = f"DELETE FROM delta.`{path.replace('`', '``')}` WHERE {_q(column)} < CAST('{cutoff_iso}' AS TIMESTAMP)"
+    rows = session.sql(statement).collect()
+    if not rows:
+        return 0
+    return int(rows[0].asDict().get("num_affected_rows") or 0)

@@ -1,0 +1,103 @@
+"""Mutation and GDPR/retention jobs end to end from their topics; a replayed micro-batch changes nothing; the
+daemon appends afterwards."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from deltalake import DeltaTable
+
+from kafka2delta.coordinator import Coordinator, NoBackend
+from kafka2delta.spark.jobs import StreamingJob
+from kafka2delta.spark.tables import check_writable
+from tests.integration.conftest import Daemon, Message, Setup, Topic
+from tests.spark.jobs_support import SCHEMA, config, delete, event, forget, jobs_section, update
+
+pytestmark = pytest.mark.integration
+
+
+def _rows(setup: Setup) -> dict[str, tuple[Any, ...]]:
+    table = DeltaTable(setup.table_uri).to_pyarrow_table(columns=["id", "lead_id", "contact_id", "subject_id"])
+    return {r["id"]: (r["lead_id"], r["contact_id"], r["subject_id"]) for r in table.to_pylist()}
+
+
+def _forget_last_batch(checkpoint: Path) -> int:
+    """Make Spark run the last micro-batch again, as after a crash between its commits and the checkpoint's."""
+    commits = sorted((checkpoint / "commits").glob("[0-9]*"), key=lambda p: int(p.name))
+    last = commits[-1]
+    last.unlink()
+    (checkpoint / "commits" / f".{last.name}.crc").unlink(missing_ok=True)
+    return int(last.name)
+
+
+def test_mutation_and_ttl_jobs_from_their_topics(
+    spark: Any,
+    tmp_path: Path,
+    setup_factory: Callable[..., Setup],
+    topic_factory: Callable[[int], Topic],
+    daemon_factory: Callable[..., Daemon],
+) -> None:
+    mutations, gdpr = topic_factory(2), topic_factory(1)
+    checkpoints = tmp_path / "checkpoints"
+    setup = setup_factory(1, schema=SCHEMA, sections={"jobs": jobs_section(mutations.name, gdpr.name, checkpoints)})
+    events = [event(f"e{i}", f"L{i % 10}", f"U{i % 7}", old=i % 10 == 9) for i in range(100)]
+    setup.topic.produce_messages([Message(0, json.dumps(e).encode()) for e in events])
+    assert daemon_factory(setup, "--until-caught-up").wait(120) == 0
+    cfg = config(setup.config_path)
+    none = Coordinator(NoBackend(), "t")
+
+    # Mutations: an update, an update, a delete, the first lead again (a later group), and a bad request.
+    mutations.produce_messages(
+        [
+            Message(0, update("L1", "C1")),
+            Message(0, update("L2", "C2")),
+            Message(0, delete("L3")),
+            Message(0, update("L1", "C1b")),
+            Message(1, b'{"op":"explode"}'),
+        ]
+    )
+    report = StreamingJob(spark, cfg, "mutate", none).run(available_now=True)
+    print(f"\nmutate: {report.text()}")
+    rows = _rows(setup)
+    assert report.status == "ok" and report.details["invalid"] == 1
+    assert report.details["rows_updated"] == 30 and report.details["rows_deleted"] == 10  # L1 twice, L2, L3
+    assert not any(lead == "L3" for lead, _, _ in rows.values())
+    assert {c for lead, c, _ in rows.values() if lead == "L1"} == {"C1b"}
+    assert {c for lead, c, _ in rows.values() if lead == "L2"} == {"C2"}
+    assert {c for lead, c, _ in rows.values() if lead not in ("L1", "L2")} == {None}
+
+    # Replay the micro-batch (Spark re-runs it from its offsets log): the txn versions skip every group.
+    version = DeltaTable(setup.table_uri).version()
+    assert _forget_last_batch(checkpoints / "mutate") == 0
+    replay = StreamingJob(spark, cfg, "mutate", none).run(available_now=True)
+    assert replay.details["batches"] == 1 and replay.details["replayed_commits_skipped"] == 2
+    assert replay.details["commits"] == 0
+    assert DeltaTable(setup.table_uri).version() == version
+    assert _rows(setup) == rows
+
+    # GDPR deletes by subject, and the retention delete of rows older than 30 days.
+    gdpr.produce_messages([Message(0, forget("U4")), Message(0, forget("U5")), Message(0, b"{}")])
+    report = StreamingJob(spark, cfg, "ttl", none).run(available_now=True)
+    print(f"ttl: {report.text()}")
+    expected = {
+        i: r for i, r in rows.items() if r[2] not in ("U4", "U5") and events[int(i[1:])]["ts"] != "2001-01-01T00:00:00Z"
+    }
+    assert _rows(setup) == expected
+    assert report.details["retention_deleted"] > 0 and report.details["invalid"] == 1
+    version = DeltaTable(setup.table_uri).version()
+    _forget_last_batch(checkpoints / "ttl")
+    replay = StreamingJob(spark, cfg, "ttl", none).run(available_now=True)
+    assert replay.details["replayed_commits_skipped"] == 1 and replay.details["retention_deleted"] == 0
+    assert DeltaTable(setup.table_uri).version() == version
+    assert _rows(setup) == expected
+    check_writable(setup.table_uri)
+
+    # The daemon appends to the table the jobs changed.
+    more = [event(f"n{i}", "L1", "U4") for i in range(10)]
+    setup.topic.produce_messages([Message(0, json.dumps(e).encode()) for e in more])
+    assert daemon_factory(setup, "--until-caught-up").wait(120) == 0
+    assert set(_rows(setup)) == set(expected) | {e["id"] for e in more}
