@@ -1,0 +1,199 @@
+"""An S3-compatible server on loopback for tests (moto's server from PyPI), and a TCP proxy in front
+of it that injects faults.
+
+No MinIO here: moto's ``ThreadedMotoServer`` runs in the test process, bound to 127.0.0.1, and
+keeps its buckets in memory for the life of the process, so a server stopped and started again on
+the same port serves the same objects (a restarted S3 endpoint). delta-rs commits its log with
+put-if-absent (``If-None-Match: *``), which moto (>= 5.0.15) answers with 412 on an existing key.
+
+The proxy forwards TCP bytes unchanged; ``fail()`` makes it answer every new request with an HTTP
+error, ``refuse()`` closes new connections at once (a server that went away), ``heal()`` goes back
+to forwarding. Point clients at ``proxy.endpoint`` to put faults between them and the server.
+
+    with LocalS3() as s3, FaultProxy(s3.port) as proxy:
+        s3.create_bucket("k2d-test")
+        options = s3.storage_options(endpoint=proxy.endpoint)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+from types import TracebackType
+from typing import Self
+
+import boto3
+from moto.server import ThreadedMotoServer
+
+ACCESS_KEY = "k2d-test-key"
+SECRET_KEY = "k2d-test-secret"
+REGION = "us-east-1"
+
+
+class LocalS3:
+    def __init__(self, port: int = 0) -> None:
+        self._server: ThreadedMotoServer | None = None
+        self.port = port
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> str:
+        # Always 127.0.0.1: moto's default is every interface.
+        self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
+        self._server.start()
+        self.port = self._server.get_host_and_port()[1]
+        return self.endpoint
+
+    def stop(self) -> None:
+        """Stop serving; the objects stay (moto keeps them in this process) for a later start()."""
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+
+    def create_bucket(self, name: str) -> None:
+        client = boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            aws_access_key_id=ACCESS_KEY,
+            aws_secret_access_key=SECRET_KEY,
+            region_name=REGION,
+        )
+        client.create_bucket(Bucket=name)
+
+    def storage_options(self, endpoint: str | None = None) -> dict[str, str]:
+        """deltalake / kafka2delta ``table.storage_options`` for this server (or a proxy in front of it)."""
+        return {
+            "AWS_ENDPOINT_URL": endpoint or self.endpoint,
+            "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+            "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+            "AWS_REGION": REGION,
+            "AWS_ALLOW_HTTP": "true",
+        }
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+class FaultProxy:
+    """A TCP proxy from a free loopback port to ``127.0.0.1:target_port`` that can inject faults."""
+
+    def __init__(self, target_port: int) -> None:
+        self._target = ("127.0.0.1", target_port)
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._mode = "forward"
+        self._status = 503
+        self._open: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        self._closed = False
+        self.faults = 0
+        """Requests answered with an error or refused so far."""
+        self._thread = threading.Thread(target=self._accept, name="s3-fault-proxy", daemon=True)
+        self._thread.start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def fail(self, status: int = 503) -> None:
+        """Answer every new request with ``status`` (and drop open connections, so requests in
+        flight see the fault too)."""
+        self._mode, self._status = "fail", status
+        self._drop_open()
+
+    def refuse(self) -> None:
+        """Close every new connection at once, as a server that went away."""
+        self._mode = "refuse"
+        self._drop_open()
+
+    def heal(self) -> None:
+        self._mode = "forward"
+
+    def close(self) -> None:
+        self._closed = True
+        with contextlib.suppress(OSError):
+            self._listener.close()
+        self._drop_open()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self.close()
+
+    # --- internals ---------------------------------------------------------------------------
+
+    def _drop_open(self) -> None:
+        with self._lock:
+            for sock in self._open:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+                    sock.close()
+            self._open.clear()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            mode = self._mode
+            if mode == "refuse":
+                self.faults += 1
+                client.close()
+                continue
+            if mode == "fail":
+                threading.Thread(target=self._answer_error, args=(client, self._status), daemon=True).start()
+                continue
+            threading.Thread(target=self._forward, args=(client,), daemon=True).start()
+
+    def _answer_error(self, client: socket.socket, status: int) -> None:
+        self.faults += 1
+        with contextlib.suppress(OSError), client:
+            client.settimeout(5)
+            client.recv(65536)  # the request head; the answer does not depend on it
+            body = b'<?xml version="1.0"?><Error><Code>ServiceUnavailable</Code><Message>injected</Message></Error>'
+            client.sendall(
+                f"HTTP/1.1 {status} Injected Fault\r\nContent-Type: application/xml\r\n"
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+                + body
+            )
+
+    def _forward(self, client: socket.socket) -> None:
+        try:
+            upstream = socket.create_connection(self._target, timeout=10)
+        except OSError:
+            client.close()
+            return
+        with self._lock:
+            self._open.update((client, upstream))
+        pumps = [
+            threading.Thread(target=_pump, args=(client, upstream), daemon=True),
+            threading.Thread(target=_pump, args=(upstream, client), daemon=True),
+        ]
+        for pump in pumps:
+            pump.start()
+        for pump in pumps:
+            pump.join()
+        with self._lock:
+            self._open.discard(client)
+            self._open.discard(upstream)
+
+
+def _pump(source: socket.socket, sink: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        while data := source.recv(65536):
+            sink.sendall(data)
+    with contextlib.suppress(OSError):
+        sink.shutdown(socket.SHUT_WR)
