@@ -1,4 +1,4 @@
-"""Command line: ``kafka2delta ingest | status``. The only place besides config that reads the environment.
+"""Command line: ``kafka2delta ingest | status | verify``. The only place besides config that reads the environment.
 
 Exit codes: 0 done, 1 fatal error, 2 bad configuration.
 """
@@ -16,9 +16,10 @@ from types import FrameType
 
 import pyarrow as pa
 
-from kafka2delta import __version__, faults
+from kafka2delta import __version__, faults, verify
 from kafka2delta.coercions import CoercionOptions
 from kafka2delta.config import Config, load_config
+from kafka2delta.coordinator import open_coordinator
 from kafka2delta.dead_letters import DeadLetterTable, DeadLetterTopic
 from kafka2delta.errors import ConfigError, FatalError, Kafka2DeltaError, RetryableError
 from kafka2delta.kafka import KafkaSource, high_watermarks, topic_partitions
@@ -55,6 +56,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     status = commands.add_parser("status", help="per partition: committed offset in the table, high watermark, lag")
     status.add_argument("-c", "--config", help="TOML config file (K2D_* environment variables override it)")
+    check = commands.add_parser(
+        "verify",
+        help="check the topic against the table and the dead-letter table: lost, duplicated (exit 1 on any)",
+    )
+    check.add_argument("-c", "--config", help="TOML config file (K2D_* environment variables override it)")
+    check.add_argument("--json", action="store_true", help="print the report as JSON")
+    check.add_argument("--timeout", type=float, default=None, metavar="S", help="give up reading the topic after S s")
     spark_commands.register(commands)
     return parser
 
@@ -70,6 +78,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "ingest":
             return _ingest(config, args.until_caught_up)
+        if args.command == "verify":
+            return verify.command(config, args.json, args.timeout, lambda schema: build_pipeline(config, schema))
         if args.command in spark_commands.COMMANDS:
             return spark_commands.run(args, config)
         return _status(config)
@@ -136,7 +146,13 @@ def _ingest(config: Config, until_caught_up: bool) -> int:
         if config.dead_letters.topic
         else None
     )
-    ingestor = Ingestor(config, source, writer, pipeline, dead_letters, metrics, dead_letter_topic)
+    # [coordinator] join_ingest: each commit in an "ingest" turn on the table's lock (kafka2delta.coordinator).
+    coordinator = open_coordinator(config.coordinator, config.table.uri) if config.coordinator.join_ingest else None
+    if coordinator is not None:
+        logger.info("joined the job coordinator (%s) on %s", config.coordinator.backend, coordinator.resource)
+    ingestor = Ingestor(
+        config, source, writer, pipeline, dead_letters, metrics, dead_letter_topic, coordinator=coordinator
+    )
 
     def stop(signum: int, frame: FrameType | None) -> None:
         logger.info("received %s: flushing, committing and stopping", signal.Signals(signum).name)
@@ -155,6 +171,8 @@ def _ingest(config: Config, until_caught_up: bool) -> int:
     finally:
         if server is not None:
             server.close()
+        if coordinator is not None:
+            coordinator.close()
     return EXIT_OK
 
 

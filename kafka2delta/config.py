@@ -247,6 +247,9 @@ class CoordinatorConfig:
     order_timeout_s: float = 0.0
     """Run anyway when the last registration is older than this, seconds (a stopped predecessor would otherwise
     hold the cycle forever). 0: never; the order is strict."""
+    join_ingest: bool = False
+    """The ingestion daemon takes a turn named ``ingest`` for each Delta commit (and an empty turn when it has
+    nothing to commit, so that a strict ``order`` keeps cycling). Off: its blind appends need no lock."""
 
 
 @dataclass(frozen=True)
@@ -372,8 +375,11 @@ def load_config(path: str | Path | None, environ: Mapping[str, str] | None = Non
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError("--config", f"{path} is not valid TOML: {exc}") from exc
     sources: dict[str, str] = {}
-    _apply_environment(raw, os.environ if environ is None else environ, sources)
-    return _build(raw, sources)
+    environ = os.environ if environ is None else environ
+    _apply_environment(raw, environ, sources)
+    config = _build(raw, sources)
+    _validate_storage_options(config, environ, sources)
+    return config
 
 
 def _apply_environment(raw: dict[str, Any], environ: Mapping[str, str], sources: dict[str, str]) -> None:
@@ -604,6 +610,51 @@ def _validate(config: Config) -> None:
             raise ConfigError(f"coercions.epoch_units.{column}", f"expected one of 's', 'ms', 'us', got {unit!r}")
 
 
+# S3 options that change how delta-rs commits, by their normalised name (lower case, no "aws_" prefix);
+# delta-rs also reads them from the process environment (AWS_CONDITIONAL_PUT …).
+_S3_COMMIT_OPTIONS = ("conditional_put", "s3_allow_unsafe_rename", "s3_locking_provider")
+
+
+def _validate_storage_options(config: Config, environ: Mapping[str, str], sources: dict[str, str]) -> None:
+    """Refuse object-store settings under which a commit is not a put-if-absent.
+
+    deltalake (>= 1.0) commits each log version on S3 with ``PUT`` + ``If-None-Match: *``, so two
+    writers can never both commit one version; only ``conditional_put = "disabled"`` turns that off
+    (every commit then fails). The DynamoDB locking provider is gone from delta-rs 1.x (ignored, so
+    Spark writers coordinating through DynamoDB would not see our commits), and
+    ``AWS_S3_ALLOW_UNSAFE_RENAME`` asks for commits without mutual exclusion.
+    """
+    found: list[tuple[str, str, str]] = []  # (normalised name, where, value)
+    for key, value in config.table.storage_options.items():
+        where = sources.get(f"table.storage_options.{key}", f"table.storage_options.{key}")
+        found.append((key.lower().removeprefix("aws_"), where, value))
+    for key, value in environ.items():
+        if key.upper().startswith("AWS_"):
+            found.append((key.lower().removeprefix("aws_"), key, value))
+    for name, where, value in found:
+        if name not in _S3_COMMIT_OPTIONS:
+            continue
+        text = value.strip().lower()
+        if name == "conditional_put" and text == "disabled":
+            raise ConfigError(
+                where,
+                "must not be 'disabled': commits are put-if-absent (If-None-Match: *), so two writers never "
+                "commit one log version; remove it (the default) or set 'etag'",
+            )
+        if name == "s3_allow_unsafe_rename" and text in ("1", "true", "yes", "on"):
+            raise ConfigError(
+                where,
+                "would allow commits without mutual exclusion; kafka2delta needs put-if-absent commits "
+                "(deltalake's default on S3): remove it",
+            )
+        if name == "s3_locking_provider" and text:
+            raise ConfigError(
+                where,
+                "deltalake >= 1.0 has no DynamoDB locking provider (it is ignored): commits are put-if-absent "
+                "on the bucket itself, which the store must support (AWS S3, MinIO, R2 …); remove it",
+            )
+
+
 def _validate_format(config: Config) -> None:
     fmt, registry = config.format, config.schema_registry
     if registry.url and not re.match(r"https?://", registry.url):
@@ -659,6 +710,8 @@ def _validate_spark_jobs(config: Config) -> None:
         )
     if len(set(coordinator.order)) != len(coordinator.order):
         raise ConfigError("coordinator.order", f"lists a job twice: {list(coordinator.order)}")
+    if coordinator.join_ingest and coordinator.backend == "none":
+        raise ConfigError("coordinator.join_ingest", "needs coordinator.backend = 'file' or 'zookeeper'")
     if bool(jobs.retention_column) != bool(jobs.retention_days):
         raise ConfigError(
             "jobs.retention_days" if jobs.retention_column else "jobs.retention_column",

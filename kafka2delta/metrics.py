@@ -50,6 +50,7 @@ METRIC_NAMES = (
     "kafka2delta_storage_retries_total",
     "kafka2delta_rebalances_total",
     "kafka2delta_offsets_out_of_range_total",
+    "kafka2delta_coordinator_turns_refused_total",
     "kafka2delta_unknown_fields_dropped_total",
     "kafka2delta_columns_added_total",
     "kafka2delta_schema_changes_total",
@@ -234,6 +235,12 @@ class Metrics:
             tp,
             registry=r,
         )
+        self._turns_refused = Counter(
+            f"{_PREFIX}_coordinator_turns_refused",
+            "Refused ingest turns of the job coordinator (coordinator.join_ingest): lock busy or another job's turn.",
+            ("topic", "reason"),
+            registry=r,
+        )
         self._unknown_fields = Counter(
             f"{_PREFIX}_unknown_fields_dropped",
             "Field values dropped because the table has no column for them (schema_evolution = none).",
@@ -401,6 +408,10 @@ class Metrics:
 
     def offset_out_of_range(self, topic: str, partition: int) -> None:
         self._out_of_range.labels(topic, str(partition)).inc()
+
+    def coordinator_skip(self, topic: str, reason: str) -> None:
+        """A refused ``ingest`` turn; reason ``lock_busy`` or ``order``."""
+        self._turns_refused.labels(topic, reason).inc()
 
     def assigned(self, partitions: int) -> None:
         self._assigned.set(partitions)

@@ -36,6 +36,7 @@ from deltalake.transaction import AddAction
 from kafka2delta import faults
 from kafka2delta.batches import PartitionMessages
 from kafka2delta.config import Config
+from kafka2delta.coordinator import Coordinator, Turn
 from kafka2delta.dead_letters import DeadLetter, payload_json
 from kafka2delta.errors import CommitConflict, FatalError, RetryableError, SchemaChanged
 from kafka2delta.kafka import ConsumedBatch, KafkaSource
@@ -53,7 +54,10 @@ logger = logging.getLogger(__name__)
 _MAX_BACKOFF_S = 30.0
 _LOGGED_DEAD_LETTERS = 10  # per commit; the rest are in the dead-letter table and the metrics
 # Retried operations that do not touch the tables (readiness only reports the table's).
-_NOT_TABLE_OPERATIONS = frozenset({"consume", "watermarks", "processing"})
+_NOT_TABLE_OPERATIONS = frozenset({"consume", "watermarks", "processing", "coordinator turn"})
+_TURN_RETRY_S = 0.2  # between two refused coordinator turns (not our turn yet)
+# Flushes that give up instead of waiting for a refused turn: what they hold is replayed (by the next owner).
+_ONE_TURN_REASONS = frozenset({"revoke", "shutdown"})
 T = TypeVar("T")
 
 
@@ -95,8 +99,12 @@ class Ingestor:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
         wall_clock: Callable[[], float] = time.time,
+        coordinator: Coordinator | None = None,
     ) -> None:
         self._config = config
+        # With [coordinator] join_ingest: every Delta commit inside a turn named "ingest" (see _flush).
+        self._coordinator = coordinator
+        self._next_idle_turn = 0.0
         self._topic = config.kafka.topic
         self._source = source
         self._writer = writer
@@ -171,6 +179,8 @@ class Ingestor:
                 reason = self._buffers.flush_reason(self._clock())
                 if reason:
                     self._flush(reason)
+                elif self._coordinator is not None and not self._buffers:
+                    self._idle_turn()
                 if until_caught_up and self._caught_up():
                     self._flush("caught_up")  # no need to wait for the latency limit
                     if self._caught_up():  # a conflict in that flush would have moved us back
@@ -278,6 +288,72 @@ class Ingestor:
     # --- flush and commit ---------------------------------------------------------------
 
     def _flush(self, reason: str, partitions: set[int] | None = None) -> None:
+        if self._coordinator is None or not self._held(partitions):
+            self._flush_now(reason, partitions)
+            return
+        turn = self._wait_for_turn(reason)
+        if turn is None:
+            self._give_up_flush(reason, partitions)
+            return
+        with turn:
+            self._flush_now(reason, partitions)
+        self._next_idle_turn = self._clock() + self._config.ingest.allowed_latency_s
+
+    def _wait_for_turn(self, reason: str) -> Turn | None:
+        """The coordinator's ``ingest`` turn; waits while it is refused (lock busy, another job's turn), except
+        for a revoke or shutdown flush, or once a stop is requested: then None."""
+        assert self._coordinator is not None
+        coordinator, started, refusals = self._coordinator, self._clock(), 0
+        while True:
+            turn = self._retrying("coordinator turn", lambda: coordinator.turn("ingest"))
+            if turn is not None:
+                if refusals:
+                    logger.info("coordinator: got the ingest turn after %.1f s", self._clock() - started)
+                return turn
+            refusals += 1
+            refused_by = "lock_busy" if coordinator.last_skip == "lock busy" else "order"
+            self._metrics.coordinator_skip(self._topic, refused_by)
+            if reason in _ONE_TURN_REASONS or self._stop_requested:
+                return None
+            if refusals == 1 or refusals % 50 == 0:
+                logger.info("coordinator: waiting for the ingest turn (%s flush): %s", reason, coordinator.last_skip)
+            self._board.loop_turned()  # waiting for our turn on purpose is alive
+            self._sleep(_TURN_RETRY_S)
+
+    def _give_up_flush(self, reason: str, partitions: set[int] | None) -> None:
+        """No turn for a revoke or shutdown flush: commit nothing. Each partition goes back to its committed
+        offset (a revoked one is replayed by its next owner), so no later commit can skip these messages."""
+        held = self._held(partitions)
+        messages = sum(buffer.messages for p in held if (buffer := self._buffers.drop(p)) is not None)
+        logger.warning(
+            "coordinator: no ingest turn for the %s flush (%s); %d buffered messages of %s not committed, "
+            "they will be read again from the committed offsets",
+            reason,
+            self._coordinator.last_skip if self._coordinator else "",
+            messages,
+            ", ".join(f"{self._topic}[{p}]" for p in sorted(held)),
+        )
+        for partition in held:
+            self._resync(partition)
+
+    def _held(self, partitions: set[int] | None) -> list[int]:
+        """The partitions among ``partitions`` (None: all) that hold a buffer."""
+        held = self._buffers.partitions()
+        return held if partitions is None else [p for p in held if p in partitions]
+
+    def _idle_turn(self) -> None:
+        """Nothing to commit: register an empty ``ingest`` turn now and then, so that a strict order does not
+        wait for ingestion on a quiet topic. Never waits for the lock."""
+        coordinator, now = self._coordinator, self._clock()
+        if coordinator is None or "ingest" not in coordinator.order or now < self._next_idle_turn:
+            return
+        self._next_idle_turn = now + self._config.ingest.allowed_latency_s
+        turn = self._retrying("coordinator turn", lambda: coordinator.turn("ingest", lock_timeout_s=0.0))
+        if turn is not None:
+            with turn:
+                pass
+
+    def _flush_now(self, reason: str, partitions: set[int] | None = None) -> None:
         pending = _PendingCommit(self._buffers.take(partitions))
         started = self._clock()
         attempt = 0
@@ -312,6 +388,7 @@ class Ingestor:
             if recorded and buffer.last_offset >= max(recorded):
                 del self._recorded[partition]  # the main txn covers them now
         faults.point("after_delta_commit")
+        faults.point("before_kafka_commit")
         self._source.commit_group_offsets({p: b.last_offset + 1 for p, b in taken.items()})
         faults.point("after_kafka_commit")
         seconds = self._clock() - started
@@ -606,6 +683,7 @@ class Ingestor:
 
     def assigned(self, partitions: list[int]) -> dict[int, int | LogicalOffset]:
         self._metrics.rebalance("assigned", len(partitions))
+        faults.point("in_assign")
         # Retry here: if this callback failed, the client would assign without our offsets.
         committed, recorded = self._read_offsets(partitions)
         starts: dict[int, int | LogicalOffset] = {}

@@ -130,6 +130,10 @@ class ValueBuffers:
     def buffered_messages(self) -> int:
         return sum(b.messages for b in self._buffers.values())
 
+    def partitions(self) -> list[int]:
+        """The partitions that hold a buffer."""
+        return list(self._buffers)
+
     def __contains__(self, partition: int) -> bool:
         return partition in self._buffers
 

@@ -95,6 +95,7 @@ def fire_every_event(metrics: Metrics) -> None:
     metrics.storage_retry()
     metrics.rebalance("assigned", 2)
     metrics.offset_out_of_range("t", 1)
+    metrics.coordinator_skip("t", "order")
     metrics.assigned(2)
     metrics.lag("t", 0, 7)
     metrics.committed("t", CommitStats("latency", 3, {0: 8}, [4096], 0.2, 0.05, [pa.array([1], pa.int64())]))
