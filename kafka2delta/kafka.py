@@ -175,7 +175,7 @@ class KafkaSource:
         elif error.fatal():
             raise FatalError(f"fatal Kafka error: {error.str()}")
         else:
-            logger.warning("Kafka error on %s[%s]: %s", message.topic(), message.partition(), error.str())
+            logger.warning("Kafka error on %s[%s]@%s: %s", message.topic(), partition, offset, error.str())
 
     def seek(self, partition: int, start: int | LogicalOffset) -> None:
         try:
