@@ -9,8 +9,9 @@ The coordinator serialises the writers instead (the design of Salesforce's Engag
 1. ``turn(job)`` takes the resource's lock, waiting at most ``lock_timeout_s``; no lock: ``None``, the job skips
    this turn (it does not fail) and tries again at its next trigger.
 2. It reads the last registered job. With an ``order`` (a cycle of job names), a job runs only after the job
-   before it; otherwise it releases the lock and returns ``None`` (unless that registration is older than
-   ``order_timeout_s``, when the predecessor is taken as stopped).
+   before it, or after itself (replicas of one job share its place); otherwise it releases the lock and returns
+   ``None`` (unless that registration is older than ``order_timeout_s``, when the predecessor is taken as
+   stopped). A registration by a job outside the order is ignored, with a warning.
 3. The job runs inside ``with turn:``. Leaving the block without an exception registers the job as the last
    one (jobs outside the ``order`` only take the lock); leaving it either way releases the lock.
 
@@ -381,7 +382,18 @@ class Coordinator:
             self._backend.release()
             raise
         expected = self.expected_predecessor(job)
-        if expected is not None and last is not None and last.job != expected:
+        if last is not None and self.order and last.job not in self.order:
+            # Registered by a job with another order (or renamed): following it would stall the cycle for good.
+            logger.warning(
+                "%s: the last registered job %r on %s is not in coordinator.order %s; not waiting for it",
+                job,
+                last.job,
+                self.resource,
+                list(self.order),
+            )
+            last = None
+        # A job may follow itself: replicas of one job (several daemons in one group) share its place in the cycle.
+        if expected is not None and last is not None and last.job not in (expected, job):
             age = self._clock() - last.at
             if not (self._order_timeout_s > 0 and age > self._order_timeout_s):
                 self._backend.release()
@@ -411,8 +423,15 @@ class Coordinator:
                     )
                 else:
                     sequence = (turn.predecessor.sequence if turn.predecessor else 0) + 1
-                    turn.registration = Registration(turn.job, self._clock(), self._owner, sequence)
-                    self._backend.write_last(turn.registration)
+                    registration = Registration(turn.job, self._clock(), self._owner, sequence)
+                    try:
+                        self._backend.write_last(registration)
+                    except CoordinatorError as exc:
+                        # The job's work has landed; only the record of it is missing (its successor waits
+                        # one more turn). Failing here would report a success as a failure.
+                        logger.error("%s: ran, but could not register the turn on %s: %s", turn.job, self.resource, exc)
+                    else:
+                        turn.registration = registration
         finally:
             self._active = None
             self._backend.release()

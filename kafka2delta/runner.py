@@ -56,6 +56,7 @@ _LOGGED_DEAD_LETTERS = 10  # per commit; the rest are in the dead-letter table a
 # Retried operations that do not touch the tables (readiness only reports the table's).
 _NOT_TABLE_OPERATIONS = frozenset({"consume", "watermarks", "processing", "coordinator turn"})
 _TURN_RETRY_S = 0.2  # between two refused coordinator turns (not our turn yet)
+_KAFKA_MAX_POLL_INTERVAL_MS = 300_000  # librdkafka's default max.poll.interval.ms
 # Flushes that give up instead of waiting for a refused turn: what they hold is replayed (by the next owner).
 _ONE_TURN_REASONS = frozenset({"revoke", "shutdown"})
 T = TypeVar("T")
@@ -105,6 +106,9 @@ class Ingestor:
         # With [coordinator] join_ingest: every Delta commit inside a turn named "ingest" (see _flush).
         self._coordinator = coordinator
         self._next_idle_turn = 0.0
+        # Waiting for a turn does not poll Kafka: give the flush up well before the group evicts us.
+        max_poll_ms = float(config.kafka.settings.get("max.poll.interval.ms", _KAFKA_MAX_POLL_INTERVAL_MS))
+        self._max_turn_wait_s = max_poll_ms / 1000 / 2
         self._topic = config.kafka.topic
         self._source = source
         self._writer = writer
@@ -300,8 +304,9 @@ class Ingestor:
         self._next_idle_turn = self._clock() + self._config.ingest.allowed_latency_s
 
     def _wait_for_turn(self, reason: str) -> Turn | None:
-        """The coordinator's ``ingest`` turn; waits while it is refused (lock busy, another job's turn), except
-        for a revoke or shutdown flush, or once a stop is requested: then None."""
+        """The coordinator's ``ingest`` turn; waits while it is refused (lock busy, another job's turn). None
+        (give the flush up) for a revoke or shutdown flush, once a stop is requested, or after half of Kafka's
+        ``max.poll.interval.ms``: the consumer is not polled meanwhile and must stay in its group."""
         assert self._coordinator is not None
         coordinator, started, refusals = self._coordinator, self._clock(), 0
         while True:
@@ -315,14 +320,21 @@ class Ingestor:
             self._metrics.coordinator_skip(self._topic, refused_by)
             if reason in _ONE_TURN_REASONS or self._stop_requested:
                 return None
+            if self._clock() - started >= self._max_turn_wait_s:
+                logger.warning(
+                    "coordinator: no ingest turn in %.0f s (half of max.poll.interval.ms): %s",
+                    self._clock() - started,
+                    coordinator.last_skip,
+                )
+                return None
             if refusals == 1 or refusals % 50 == 0:
                 logger.info("coordinator: waiting for the ingest turn (%s flush): %s", reason, coordinator.last_skip)
             self._board.loop_turned()  # waiting for our turn on purpose is alive
             self._sleep(_TURN_RETRY_S)
 
     def _give_up_flush(self, reason: str, partitions: set[int] | None) -> None:
-        """No turn for a revoke or shutdown flush: commit nothing. Each partition goes back to its committed
-        offset (a revoked one is replayed by its next owner), so no later commit can skip these messages."""
+        """No turn: commit nothing. Each partition goes back to its committed offset (a revoked one is replayed
+        by its next owner), so no later commit can skip these messages."""
         held = self._held(partitions)
         messages = sum(buffer.messages for p in held if (buffer := self._buffers.drop(p)) is not None)
         logger.warning(

@@ -3,6 +3,8 @@ for its turn in a strict order, giving up a shutdown flush without a gap, and em
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +22,7 @@ from kafka2delta.serialization import build_deserializer
 from kafka2delta.writer import DeltaWriter
 from tests.unit.test_runner import SCHEMA, FakeSource, RecordingDeadLetters, batch
 
-ORDER = ("ingest", "optimize")
+ORDER = ("ingest", "mutate", "optimize")
 
 
 def coordinator(tmp_path: Path) -> Coordinator:
@@ -36,12 +38,20 @@ def register(tmp_path: Path, job: str) -> None:
             pass
 
 
-def ingestor(tmp_path: Path, source: Any, sleep: Any, joined: Coordinator) -> tuple[Ingestor, Metrics]:
+def ingestor(
+    tmp_path: Path,
+    source: Any,
+    sleep: Any,
+    joined: Coordinator,
+    clock: Callable[[], float] = time.monotonic,
+    max_poll_ms: str = "300000",
+) -> tuple[Ingestor, Metrics]:
     config = load_config(
         None,
         environ={
             "K2D_KAFKA__BOOTSTRAP_SERVERS": "unused:1",
             "K2D_KAFKA__TOPIC": "t",
+            "K2D_KAFKA__SETTINGS__MAX_POLL_INTERVAL_MS": max_poll_ms,
             "K2D_TABLE__URI": str(tmp_path / "t"),
             "K2D_COORDINATOR__BACKEND": "file",
             "K2D_COORDINATOR__LOCK_DIR": str(tmp_path / "locks"),
@@ -52,7 +62,8 @@ def ingestor(tmp_path: Path, source: Any, sleep: Any, joined: Coordinator) -> tu
     metrics = Metrics()
     pipeline = Pipeline(build_deserializer(FormatConfig(), None, "t"), SCHEMA)
     sink = RecordingDeadLetters(tmp_path)
-    return Ingestor(config, source, writer, pipeline, sink, metrics, sleep=sleep, coordinator=joined), metrics
+    daemon = Ingestor(config, source, writer, pipeline, sink, metrics, clock=clock, sleep=sleep, coordinator=joined)
+    return daemon, metrics
 
 
 def refused(metrics: Metrics, reason: str) -> float:
@@ -63,7 +74,7 @@ def refused(metrics: Metrics, reason: str) -> float:
 
 
 def test_the_commit_waits_for_its_turn_in_the_order_then_registers(tmp_path: Path) -> None:
-    register(tmp_path, "ingest")  # the last turn was ingestion's: optimize must run before the next commit
+    register(tmp_path, "mutate")  # optimize must run before the next commit
     sleeps: list[float] = []
 
     def sleep(seconds: float) -> None:
@@ -86,7 +97,7 @@ def test_the_commit_waits_for_its_turn_in_the_order_then_registers(tmp_path: Pat
 
 
 def test_a_shutdown_without_a_turn_commits_nothing_and_a_restart_takes_everything_once(tmp_path: Path) -> None:
-    register(tmp_path, "ingest")  # optimize never runs: the daemon never gets its turn
+    register(tmp_path, "mutate")  # optimize never runs: the daemon never gets its turn
     daemon: Ingestor | None = None
 
     def stop_while_waiting(seconds: float) -> None:
@@ -102,7 +113,9 @@ def test_a_shutdown_without_a_turn_commits_nothing_and_a_restart_takes_everythin
     assert source.group_offsets == []
 
     register(tmp_path, "optimize")
-    restarted, _ = ingestor(tmp_path, FakeSource([batch(0, 0, 10)], [0], high=10), lambda s: None, coordinator(tmp_path))
+    restarted, _ = ingestor(
+        tmp_path, FakeSource([batch(0, 0, 10)], [0], high=10), lambda s: None, coordinator(tmp_path)
+    )
     restarted.run(until_caught_up=True)
     ids = DeltaTable(str(tmp_path / "t")).to_pyarrow_table().column("id").to_pylist()
     assert sorted(ids) == sorted(f"p0-{o}" for o in range(10))
@@ -135,3 +148,25 @@ def test_a_quiet_topic_still_takes_empty_turns_so_the_order_keeps_cycling(tmp_pa
     last = joined.last()
     assert last is not None and last.job == "ingest"
     assert DeltaTable(str(tmp_path / "t")).version() == 0  # registered, nothing committed
+
+
+def test_the_wait_for_a_turn_is_bounded_so_the_consumer_stays_in_its_group(tmp_path: Path) -> None:
+    register(tmp_path, "mutate")  # optimize never runs
+    now = [0.0]
+    daemon: Ingestor | None = None
+    source = FakeSource([batch(0, 0, 10)], [0], high=10)
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+        if source.seeks:  # gave the flush up and went back to the committed offset: enough
+            assert daemon is not None
+            daemon.request_stop()
+
+    joined = coordinator(tmp_path)
+    daemon, metrics = ingestor(tmp_path, source, sleep, joined, clock=lambda: now[0], max_poll_ms="2000")
+    daemon.run(until_caught_up=True)
+
+    assert source.seeks[0] == (0, LogicalOffset.EARLIEST)
+    assert 1.0 <= now[0] < 1.5  # half of max.poll.interval.ms, then no more waiting
+    assert DeltaTable(str(tmp_path / "t")).transaction_version("t-0") is None
+    assert refused(metrics, "order") >= 5
