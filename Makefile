@@ -43,9 +43,29 @@ broker-stop: install
 demo: broker-start
 	$(PY) dev/demo.py --bootstrap "$$($(PY) dev/kafka/broker.py status --dir $(KAFKA_DIR))"
 
-## bench: produce N messages and time ingest --until-caught-up (no assertion; prints messages/s)
-bench: broker-start
-	$(PY) bench/ingest_throughput.py --bootstrap "$$($(PY) dev/kafka/broker.py status --dir $(KAFKA_DIR))" $(BENCH_ARGS)
+# --- benchmark (bench/README.md): kafka2delta side by side with Spark Structured Streaming; never part of `make test`
+.PHONY: bench-install bench-quick bench-profile bench-report
+bench-install: $(VENV)/.bench-installed
+
+$(VENV)/.bench-installed: pyproject.toml $(VENV)/.installed
+	$(PY) -m pip install -q -e '.[dev,bench]'
+	touch $@
+
+## bench: every scenario at full size (~15 min on 2 cores): starts its own broker, writes bench/results/
+bench: bench-install
+	$(PY) bench/run.py $(BENCH_ARGS)
+
+## bench-quick: every scenario at a small size (~5 min), for trying the harness
+bench-quick: bench-install
+	$(PY) bench/run.py --quick $(BENCH_ARGS)
+
+## bench-profile: the daemon's catch-up under py-spy → bench/results/profile-json.txt
+bench-profile: bench-install
+	$(PY) bench/hotpath.py $(BENCH_ARGS)
+
+## bench-report: rewrite latest.md and the plots from bench/results/latest.json
+bench-report: bench-install
+	$(PY) bench/report.py
 
 clean:
 	rm -rf data .k2d .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,144 @@
+"""Where the daemon's time goes: the catch-up scenario under py-spy (sampling, native frames included).
+
+    python bench/hotpath.py [--messages 2000000] [--partitions 4] [--dataset json]   # `make bench-profile`
+
+Writes bench/results/profile-<dataset>.txt (the summary below) and profile-<dataset>.collapsed (py-spy's
+collapsed stacks: open with speedscope or flamegraph.pl). The summary gives, as a share of all samples of
+the daemon's threads: the time under each of the daemon's functions (inclusive), and the leaf frames (where
+the CPU actually is: Python, Arrow, Parquet, librdkafka, delta-rs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import re
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "dev" / "kafka"))
+
+import daemon  # noqa: E402
+from broker import LocalBroker, create_topic  # noqa: E402
+from producer import produce_backlog  # noqa: E402
+from run import BROKER_JVM_OPTS, log  # noqa: E402
+
+FRAME = re.compile(r"^(?P<func>.*?) \((?P<file>[^():]*)(?::(?P<line>\d+))?\)$")
+
+
+def _frames(stack: str) -> list[tuple[str, str]]:
+    """(function, file) of each frame, outermost first."""
+    found = []
+    for frame in stack.split(";"):
+        match = FRAME.match(frame)
+        found.append((match["func"], match["file"]) if match else (frame, ""))
+    return found
+
+
+def summarize(collapsed: Path, top: int = 25) -> str:
+    inclusive: collections.Counter[str] = collections.Counter()
+    leaves: collections.Counter[str] = collections.Counter()
+    stages: collections.Counter[str] = collections.Counter()
+    total = 0
+    for line in collapsed.read_text().splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack:
+            continue
+        count = int(count_text)
+        total += count
+        frames = _frames(stack)
+        seen = set()
+        for func, file in frames:
+            if "kafka2delta" in file:
+                name = f"{Path(file).name}:{func}"
+                if name not in seen:
+                    inclusive[name] += count
+                    seen.add(name)
+        func, file = frames[-1]
+        leaves[f"{func} ({Path(file).name or '?'})"] += count
+        stages[_stage(frames)] += count
+    if not total:
+        return "no samples\n"
+    out = [f"{total} samples (100 per second of each thread)", "", "Stage (by the innermost daemon function):"]
+    out += [f"  {n / total:6.1%}  {name}" for name, n in stages.most_common()]
+    out += ["", f"Top {top} daemon functions, inclusive:"]
+    out += [f"  {n / total:6.1%}  {name}" for name, n in inclusive.most_common(top)]
+    out += ["", f"Top {top} leaf frames (self time):"]
+    out += [f"  {n / total:6.1%}  {name}" for name, n in leaves.most_common(top)]
+    return "\n".join(out) + "\n"
+
+
+STAGES = (
+    ("kafka.py", "consume (librdkafka, message objects)"),
+    ("batches.py", "consume (message objects → batch)"),
+    ("serialization.py", "deserialize (JSON/Avro → Arrow)"),
+    ("transforms.py", "transforms"),
+    ("coercions.py", "coerce to the table schema"),
+    ("schema.py", "coerce to the table schema"),
+    ("value_buffers.py", "buffer"),
+    ("writer.py", "write Parquet + Delta commit"),
+    ("dead_letters.py", "dead-letter table"),
+    ("pipeline.py", "pipeline (glue)"),
+    ("runner.py", "loop (glue)"),
+    ("cli.py", "start-up"),
+)
+
+
+def _stage(frames: list[tuple[str, str]]) -> str:
+    for func, file in reversed(frames):
+        if "kafka2delta" not in file:
+            continue
+        name = Path(file).name
+        for module, stage in STAGES:
+            if name == module:
+                return stage
+        return f"other ({name}:{func})"
+    if any("importlib" in file or func == "<module>" for func, file in frames):
+        return "start-up (imports)"
+    return "outside the daemon's code (threads of librdkafka/Rust, interpreter)"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--messages", type=int, default=2_000_000)
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--dataset", default="json")
+    parser.add_argument("--out", default=str(HERE / "results"))
+    args = parser.parse_args()
+    out = Path(args.out)
+    work = Path(tempfile.mkdtemp(prefix="k2d-profile-"))
+    collapsed = out / f"profile-{args.dataset}.collapsed"
+    try:
+        with LocalBroker(work / "kafka", jvm_opts=BROKER_JVM_OPTS) as broker:
+            topic = f"profile-{args.dataset}"
+            create_topic(broker.bootstrap_servers, topic, args.partitions)
+            produced = produce_backlog(broker.bootstrap_servers, topic, args.partitions, args.messages, args.dataset)
+            log(f"produced {produced['messages']:,} messages")
+            result = daemon.catchup(
+                broker.bootstrap_servers,
+                topic,
+                int(produced["messages"]),
+                int(produced["bytes"]),
+                args.dataset,
+                work / "daemon",
+                profile=collapsed,
+            )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    header = (
+        f"Daemon catch-up under py-spy (--native, 100 Hz): {result['messages']:,} {args.dataset} messages on "
+        f"{args.partitions} partitions, three transforms: {result['msgs_per_s']:,} msg/s under the profiler, "
+        f"{result['cpu_s_per_million']} CPU s per million.\n\n"
+    )
+    text = header + summarize(collapsed)
+    (out / f"profile-{args.dataset}.txt").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
