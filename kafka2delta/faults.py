@@ -2,7 +2,10 @@
 
 Off by default. The CLI arms it from ``K2D_FAULT_INJECT=<point>[:<nth hit>]``; when it is not
 armed a :func:`point` call is one comparison. Points: ``after_parquet_write``,
-``after_dead_letter_commit``, ``after_delta_commit``, ``after_kafka_commit``, ``in_revoke``.
+``after_dead_letter_commit``, ``after_delta_commit``, ``before_kafka_commit``, ``after_kafka_commit``,
+``in_revoke`` (a rebalance took partitions from us, before their buffers are committed) and ``in_assign``
+(partitions given to us, before their start offsets are read from the table). The chaos suite
+(``tests/chaos``) kills the daemon at each of them.
 """
 
 from __future__ import annotations
@@ -14,7 +17,15 @@ import signal
 logger = logging.getLogger(__name__)
 
 POINTS = frozenset(
-    {"after_parquet_write", "after_dead_letter_commit", "after_delta_commit", "after_kafka_commit", "in_revoke"}
+    {
+        "after_parquet_write",
+        "after_dead_letter_commit",
+        "after_delta_commit",
+        "before_kafka_commit",
+        "after_kafka_commit",
+        "in_revoke",
+        "in_assign",
+    }
 )
 _armed: str | None = None
 _remaining_hits = 0
