@@ -9,13 +9,21 @@ at offsets the topic does not hold; plus gaps in the Delta log versions. Offsets
 table's txn version are not final yet: they are reported as pending, never as missing.
 
 It shares no state with the daemon; it only reuses the deserializer and transforms to tell which
-messages the filter drops.
+messages the filter drops. Both tables are read (one snapshot each, txn versions and rows from the
+same version) before the topic, so every committed offset is below the high watermarks read.
+
+Exit codes of the command: 0 nothing lost or duplicated, 1 a problem found (named in the report),
+2 bad configuration (``table.metadata_columns`` without partition and offset, say), 3 the check could
+not be made (Kafka or storage unreachable, ``--timeout`` reached).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
+import time
+import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,11 +36,18 @@ from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from kafka2delta.batches import PartitionMessages
-from kafka2delta.errors import ConfigError, MessageError, RetryableError
+from kafka2delta.config import Config
+from kafka2delta.errors import ConfigError, FatalError, MessageError, RetryableError
+from kafka2delta.kafka import topic_partitions
 from kafka2delta.offsets import txn_app_id
+from kafka2delta.pipeline import Pipeline
+from kafka2delta.schema import parse_schema
 from kafka2delta.writer import log_versions
 
+logger = logging.getLogger(__name__)
+
 _SHOWN = 20  # offsets listed per problem in the text report (the JSON report has them all)
+EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_UNCHECKED = 0, 1, 2, 3
 
 
 @dataclass
@@ -56,6 +71,10 @@ class PartitionReport:
     in_both: list[int] = field(default_factory=list)
     unexpected: list[int] = field(default_factory=list)
     """Rows or dead letters at offsets the topic does not hold (or another topic's, mislabelled)."""
+    dead_letter_committed: int | None = None
+    """The dead-letter table's txn version (``<app_id>-dlq-<p>``): may be ahead of ``committed``."""
+    before_low: int = 0
+    """Rows and dead letters at offsets before ``low``: deleted from the topic by retention, not checkable."""
 
     @property
     def ok(self) -> bool:
@@ -71,6 +90,8 @@ class Report:
     log_gaps: list[int] = field(default_factory=list)
     """Versions missing between the oldest and newest commit file of the main table's log."""
     dead_letter_log_gaps: list[int] = field(default_factory=list)
+    table_version: int | None = None
+    dead_letter_version: int | None = None
 
     @property
     def lost(self) -> int:
@@ -81,37 +102,86 @@ class Report:
         return sum(len(p.duplicated) for p in self.partitions)
 
     @property
+    def in_both(self) -> int:
+        return sum(len(p.in_both) for p in self.partitions)
+
+    @property
+    def unexpected(self) -> int:
+        return sum(len(p.unexpected) for p in self.partitions)
+
+    @property
     def ok(self) -> bool:
         return all(p.ok for p in self.partitions) and not self.log_gaps and not self.dead_letter_log_gaps
 
     def to_json(self) -> str:
         data = dataclasses.asdict(self)
-        data.update(ok=self.ok, lost=self.lost, duplicated_total=self.duplicated)
+        data.update(
+            ok=self.ok,
+            lost=self.lost,
+            duplicated_total=self.duplicated,
+            in_both_total=self.in_both,
+            unexpected_total=self.unexpected,
+            produced=sum(p.produced for p in self.partitions),
+            rows=sum(p.rows for p in self.partitions),
+            dead_letters=sum(p.dead_letters for p in self.partitions),
+            skipped=sum(p.skipped for p in self.partitions),
+            pending=sum(p.pending for p in self.partitions),
+        )
         return json.dumps(data, indent=2)
 
     def render(self) -> str:
+        def version(v: int | None) -> str:
+            return "none" if v is None else f"v{v}"
+
+        def txn(v: int | None) -> str:
+            return "-" if v is None else str(v)
+
         lines = [
-            f"topic {self.topic} → table {self.table_uri} (dead letters: {self.dead_letter_uri})",
-            f"{'partition':>9} {'produced':>10} {'committed':>10} {'rows':>10} {'dead':>7} {'skipped':>8} "
-            f"{'pending':>8} {'missing':>8} {'dup':>6} {'both':>6} {'unexp':>6}",
+            f"topic {self.topic} → table {self.table_uri} ({version(self.table_version)}), "
+            f"dead letters {self.dead_letter_uri} ({version(self.dead_letter_version)})",
+            f"{'partition':>9} {'offsets':>17} {'produced':>9} {'txn':>9} {'dlq txn':>9} {'rows':>9} {'dead':>6} "
+            f"{'skipped':>7} {'pending':>7} {'missing':>7} {'dup':>5} {'both':>5} {'unexp':>5}",
         ]
         for p in self.partitions:
+            span = f"{p.low}..{p.high - 1}" if p.high > p.low else "empty"
             lines.append(
-                f"{p.partition:>9} {p.produced:>10} {'-' if p.committed is None else p.committed:>10} {p.rows:>10} "
-                f"{p.dead_letters:>7} {p.skipped:>8} {p.pending:>8} {len(p.missing):>8} {len(p.duplicated):>6} "
-                f"{len(p.in_both):>6} {len(p.unexpected):>6}"
+                f"{p.partition:>9} {span:>17} {p.produced:>9} {txn(p.committed):>9} {txn(p.dead_letter_committed):>9} "
+                f"{p.rows:>9} {p.dead_letters:>6} {p.skipped:>7} {p.pending:>7} {len(p.missing):>7} "
+                f"{len(p.duplicated):>5} {len(p.in_both):>5} {len(p.unexpected):>5}"
             )
             for name in ("missing", "duplicated", "in_both", "unexpected"):
                 offsets: list[int] = getattr(p, name)
                 if offsets:
                     more = f" … ({len(offsets)} in all)" if len(offsets) > _SHOWN else ""
                     lines.append(f"{'':>9} {name} offsets: {offsets[:_SHOWN]}{more}")
+            if p.before_low:
+                lines.append(f"{'':>9} {p.before_low} rows/dead letters before offset {p.low} (deleted by retention)")
         if self.log_gaps:
             lines.append(f"gaps in the table's log versions: {self.log_gaps[:_SHOWN]}")
         if self.dead_letter_log_gaps:
             lines.append(f"gaps in the dead-letter table's log versions: {self.dead_letter_log_gaps[:_SHOWN]}")
+        totals = (
+            f"{sum(p.produced for p in self.partitions)} messages: {sum(p.rows for p in self.partitions)} rows, "
+            f"{sum(p.dead_letters for p in self.partitions)} dead letters, "
+            f"{sum(p.skipped for p in self.partitions)} skipped, {sum(p.pending for p in self.partitions)} pending"
+        )
+        lines.append(totals)
         verdict = "OK" if self.ok else "FAILED"
-        lines.append(f"{verdict}: lost {self.lost}, duplicated {self.duplicated}")
+        summary = f"{verdict}: lost {self.lost}, duplicated {self.duplicated}"
+        if self.in_both or self.unexpected or self.log_gaps or self.dead_letter_log_gaps:
+            summary += (
+                f", in both tables {self.in_both}, unexpected {self.unexpected}, "
+                f"log gaps {len(self.log_gaps) + len(self.dead_letter_log_gaps)}"
+            )
+        problems = [
+            f"{name} {p.partition}:{getattr(p, name)[:5]}"
+            for p in self.partitions
+            for name in ("missing", "duplicated", "in_both", "unexpected")
+            if getattr(p, name)
+        ]
+        if problems:
+            summary += f" ({'; '.join(problems[:8])}{' …' if len(problems) > 8 else ''})"
+        lines.append(summary)
         return "\n".join(lines)
 
 
@@ -127,6 +197,8 @@ class TopicOffsets:
 
 Skip = Callable[[PartitionMessages], bool]
 """Given one message (as a PartitionMessages of one), whether it is expected in neither table (filtered)."""
+Filtered = Callable[[PartitionMessages], Iterable[int]]
+"""Given messages of one partition, the offsets of those the configured filter drops."""
 
 
 def read_topic(
@@ -135,19 +207,38 @@ def read_topic(
     settings: Mapping[str, str],
     is_skipped: Skip | None = None,
     batch_size: int = 10_000,
+    *,
+    filtered: Filtered | None = None,
+    timeout_s: float | None = None,
 ) -> TopicOffsets:
-    """Read every partition from its low watermark to the high watermark seen now."""
+    """Read every partition from its low watermark to the high watermark seen now.
+
+    ``is_skipped`` is asked about each message, ``filtered`` about batches of one partition (up to
+    ``batch_size`` messages); empty payloads are always skipped. ``timeout_s`` bounds the whole read
+    (:class:`RetryableError` naming the partitions not read to their end).
+    """
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+
+    def remaining(cap: float) -> float:
+        if deadline is None:
+            return cap
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise RetryableError(f"reading {topic}: timed out after {timeout_s} s")
+        return min(cap, left)
+
     consumer = Consumer(
         {
             **settings,
             "bootstrap.servers": bootstrap_servers,
-            "group.id": "kafka2delta-verify",
+            # Its own group (never joined: partitions are assigned), nothing committed.
+            "group.id": f"kafka2delta-verify-{uuid.uuid4().hex[:12]}",
             "enable.auto.commit": False,
             "enable.partition.eof": True,
         }
     )
     try:
-        metadata = consumer.list_topics(topic, timeout=30).topics.get(topic)
+        metadata = consumer.list_topics(topic, timeout=remaining(30)).topics.get(topic)
         if metadata is None or metadata.error is not None:
             raise ConfigError("kafka.topic", f"topic {topic!r} does not exist")
         partitions = sorted(metadata.partitions)
@@ -155,15 +246,31 @@ def read_topic(
         high: dict[int, int] = {}
         for partition in partitions:
             low[partition], high[partition] = consumer.get_watermark_offsets(
-                TopicPartition(topic, partition), timeout=30
+                TopicPartition(topic, partition), timeout=remaining(30)
             )
         todo = {p for p in partitions if high[p] > low[p]}
         consumer.assign([TopicPartition(topic, p, low[p]) for p in sorted(todo)])
         offsets: dict[int, list[int]] = {p: [] for p in partitions}
         skipped: dict[int, list[int]] = {p: [] for p in partitions}
+        pending: dict[int, list[Any]] = {p: [] for p in partitions}
         while todo:
-            for message in consumer.consume(batch_size, timeout=1.0):
-                _take(message, topic, high, todo, offsets, skipped, is_skipped)
+            try:
+                wait = remaining(1.0)
+            except RetryableError:
+                unread = ", ".join(
+                    f"{p} (at {offsets[p][-1] if offsets[p] else low[p]} of {high[p]})" for p in sorted(todo)
+                )
+                raise RetryableError(f"reading {topic}: timed out after {timeout_s} s; partitions {unread}") from None
+            for message in consumer.consume(batch_size, timeout=wait):
+                taken = _take(message, topic, high, todo, offsets, skipped, is_skipped)
+                if taken is not None and filtered is not None and message.value():
+                    batch = pending[taken]
+                    batch.append(message)
+                    if len(batch) >= batch_size:
+                        _filter_batch(topic, taken, batch, filtered, skipped)
+        if filtered is not None:
+            for partition, batch in pending.items():
+                _filter_batch(topic, partition, batch, filtered, skipped)
         return TopicOffsets(
             low,
             high,
@@ -184,18 +291,19 @@ def _take(
     offsets: dict[int, list[int]],
     skipped: dict[int, list[int]],
     is_skipped: Skip | None,
-) -> None:
+) -> int | None:
+    """Record one consumed message; return its partition when it is one of the offsets read."""
     partition, offset = message.partition(), message.offset()
     error = message.error()
     if error is not None:
         if error.code() == KafkaError._PARTITION_EOF:
             todo.discard(partition)
-            return
+            return None
         raise RetryableError(f"reading {topic}[{partition}]: {error.str()}")
     if partition not in todo or offset >= high[partition]:
         if offset + 1 >= high[partition]:
             todo.discard(partition)
-        return
+        return None
     offsets[partition].append(offset)
     payload = message.value()
     if not payload:
@@ -208,6 +316,104 @@ def _take(
             skipped[partition].append(offset)
     if offset + 1 >= high[partition]:
         todo.discard(partition)
+    return int(partition)
+
+
+def _filter_batch(
+    topic: str, partition: int, batch: list[Any], filtered: Filtered, skipped: dict[int, list[int]]
+) -> None:
+    if not batch:
+        return
+    messages = PartitionMessages(
+        topic,
+        partition,
+        [m.offset() for m in batch],
+        [m.value() for m in batch],
+        [m.timestamp()[1] for m in batch],
+        [m.key() for m in batch],
+        [m.headers() for m in batch],
+        [m.timestamp()[0] for m in batch],
+    )
+    skipped[partition].extend(filtered(messages))
+    batch.clear()
+
+
+def pipeline_filter(pipeline: Pipeline) -> Filtered:
+    """:data:`Filtered` from the daemon's own stages: the offsets that are neither a row, a dead letter
+    nor an empty payload are the ones the filter dropped (a message's outcome never depends on its
+    neighbours, so a batch gives what the daemon's batches gave)."""
+
+    def filtered(messages: PartitionMessages) -> list[int]:
+        result = pipeline.process(messages)
+        decided = set(result.row_offsets) | {letter.offset for letter in result.dead_letters}
+        return [
+            offset
+            for offset, payload in zip(messages.offsets, messages.payloads, strict=True)
+            if payload and offset not in decided
+        ]
+
+    return filtered
+
+
+@dataclass
+class TableSnapshot:
+    """One version of a table: its txn versions and the ``(partition, offset)`` of its rows."""
+
+    uri: str
+    version: int | None
+    """None: the table does not exist."""
+    schema: pa.Schema | None
+    txns: dict[int, int | None]
+    rows: pa.Table
+
+
+def read_table(
+    uri: str,
+    storage_options: Mapping[str, str],
+    app_id: str,
+    partitions: Iterable[int],
+    partition_column: str,
+    offset_column: str,
+    where: Callable[[pa.Schema], pc.Expression | None] | None = None,
+) -> TableSnapshot:
+    """Txn versions ``<app_id>-<p>`` and rows from ONE version of the table (an absent table is empty)."""
+    partitions = list(partitions)
+    try:
+        table = DeltaTable(uri, storage_options=dict(storage_options) or None)
+    except TableNotFoundError:
+        return TableSnapshot(uri, None, None, dict.fromkeys(partitions), _pairs())
+    except (DeltaError, OSError) as exc:
+        raise RetryableError(f"reading {uri}: {exc}") from exc
+    try:
+        schema = pa.schema(table.schema().to_arrow())
+        for column in (partition_column, offset_column):
+            if column not in schema.names:
+                raise ConfigError(
+                    "table.metadata_columns",
+                    f"{uri} has no column {column!r}: verify needs the partition and offset of every row",
+                )
+        txns = {p: table.transaction_version(txn_app_id(app_id, p)) for p in partitions}
+        rows = table.to_pyarrow_dataset().to_table(
+            columns=[partition_column, offset_column], filter=where(schema) if where else None
+        )
+    except (DeltaError, OSError) as exc:
+        raise RetryableError(f"reading {uri}: {exc}") from exc
+    return TableSnapshot(
+        uri,
+        table.version(),
+        schema,
+        txns,
+        pa.table(
+            {
+                "partition": rows.column(partition_column).cast(pa.int64()),
+                "offset": rows.column(offset_column).cast(pa.int64()),
+            }
+        ),
+    )
+
+
+def _pairs() -> pa.Table:
+    return pa.table({"partition": pa.array([], pa.int64()), "offset": pa.array([], pa.int64())})
 
 
 def table_offsets(
@@ -255,8 +461,10 @@ def compare(
     rows: pa.Table,
     dead_letters: pa.Table,
     committed: Mapping[int, int | None],
+    dead_letter_committed: Mapping[int, int | None] | None = None,
 ) -> list[PartitionReport]:
-    """Per partition: what the topic holds against the rows and dead letters."""
+    """Per partition: what the topic holds against the rows and dead letters. Rows and dead letters at
+    offsets before the low watermark (deleted by retention) are counted, not checked."""
     reports = []
     row_groups = _by_partition(rows)
     letter_groups = _by_partition(dead_letters)
@@ -270,6 +478,8 @@ def compare(
         outcome = np.concatenate([row_offsets, letter_offsets])
         expected = np.setdiff1d(final, skipped)
         allowed = np.setdiff1d(produced, skipped)  # offsets where a row or a dead letter may be
+        low = topic.low[partition]
+        seen = np.union1d(row_offsets, letter_offsets)
         reports.append(
             PartitionReport(
                 partition=partition,
@@ -284,7 +494,9 @@ def compare(
                 missing=_ints(np.setdiff1d(expected, outcome)),
                 duplicated=_ints(np.union1d(_repeated(row_offsets), _repeated(letter_offsets))),
                 in_both=_ints(np.intersect1d(row_offsets, letter_offsets)),
-                unexpected=_ints(np.setdiff1d(np.union1d(row_offsets, letter_offsets), allowed)),
+                unexpected=_ints(np.setdiff1d(seen[seen >= low], allowed)),
+                dead_letter_committed=(dead_letter_committed or {}).get(partition),
+                before_low=int((row_offsets < low).sum() + (letter_offsets < low).sum()),
             )
         )
     return reports
@@ -331,3 +543,91 @@ def skip_by_filter(document: Callable[[PartitionMessages], Any]) -> Skip:
             return False
 
     return is_skipped
+
+
+# --- the command --------------------------------------------------------------------------------
+
+
+def check(
+    config: Config,
+    timeout_s: float | None = None,
+    pipeline_factory: Callable[[pa.Schema], Pipeline] | None = None,
+) -> Report:
+    """The whole check for ``config``'s topic and tables. ``pipeline_factory`` builds the daemon's stages
+    for the table schema (needed only with a ``[filter]``, to tell filtered messages apart)."""
+    wanted = {"partition", "offset"}
+    if not wanted <= set(config.table.metadata_columns):
+        missing = sorted(wanted - set(config.table.metadata_columns))
+        raise ConfigError(
+            "table.metadata_columns",
+            f"verify needs the Kafka partition and offset of every row, and {missing} is not recorded: "
+            'set table.metadata_columns = ["topic", "partition", "offset"] (rows written before then carry '
+            "no offset and would count as missing)",
+        )
+    topic, options, app_id = config.kafka.topic, config.table.storage_options, config.app_id
+    settings = {k: v for k, v in config.kafka.settings.items() if k not in _CONSUMER_ONLY_FOR_GROUPS}
+    partitions = topic_partitions(config.kafka.bootstrap_servers, topic, settings)
+    by_topic = "topic" in config.table.metadata_columns
+
+    def rows_of_this_topic(schema: pa.Schema) -> pc.Expression:
+        if by_topic and "kafka_topic" in schema.names:
+            return pc.field("kafka_topic") == topic
+        return pc.field("kafka_partition").is_valid()
+
+    # Tables first, then the topic: every committed offset is below the high watermarks read after.
+    main = read_table(
+        config.table.uri, options, app_id, partitions, "kafka_partition", "kafka_offset", rows_of_this_topic
+    )
+    letters = read_table(
+        config.dead_letter_table_uri,
+        options,
+        f"{app_id}-dlq",
+        partitions,
+        "partition",
+        "offset",
+        lambda schema: dead_letter_filter(app_id, topic),
+    )
+    filtered = None
+    if config.filter.expression and pipeline_factory is not None:
+        schema = main.schema
+        if schema is None:
+            schema = parse_schema(config.create_schema_columns())
+        filtered = pipeline_filter(pipeline_factory(schema))
+    offsets = read_topic(config.kafka.bootstrap_servers, topic, settings, filtered=filtered, timeout_s=timeout_s)
+    logger.info(
+        "read %d messages of %s; table v%s, dead-letter table v%s",
+        sum(o.size for o in offsets.offsets.values()),
+        topic,
+        main.version,
+        letters.version,
+    )
+    return Report(
+        topic,
+        config.table.uri,
+        config.dead_letter_table_uri,
+        compare(offsets, main.rows, letters.rows, main.txns, letters.txns),
+        log_gaps(config.table.uri, options) if main.version is not None else [],
+        log_gaps(config.dead_letter_table_uri, options) if letters.version is not None else [],
+        table_version=main.version,
+        dead_letter_version=letters.version,
+    )
+
+
+# Group-membership settings mean nothing to a consumer that is assigned its partitions.
+_CONSUMER_ONLY_FOR_GROUPS = frozenset({"group.instance.id", "partition.assignment.strategy"})
+
+
+def command(
+    config: Config,
+    as_json: bool,
+    timeout_s: float | None,
+    pipeline_factory: Callable[[pa.Schema], Pipeline] | None = None,
+) -> int:
+    """``kafka2delta verify``: print the report (text or JSON) and return the exit code."""
+    try:
+        report = check(config, timeout_s, pipeline_factory)
+    except (RetryableError, FatalError) as exc:
+        logger.error("verify could not complete: %s", exc)
+        return EXIT_UNCHECKED
+    print(report.to_json() if as_json else report.render(), flush=True)
+    return EXIT_OK if report.ok else EXIT_FAILED

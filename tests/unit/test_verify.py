@@ -1,12 +1,17 @@
 """The checker's comparison, on synthetic topic offsets and table contents."""
 
+import json
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 from deltalake import write_deltalake
 
-from kafka2delta.verify import Report, TopicOffsets, compare, log_gaps
+from kafka2delta.batches import PartitionMessages
+from kafka2delta.cli import build_pipeline
+from kafka2delta.config import load_config
+from kafka2delta.schema import parse_schema
+from kafka2delta.verify import Report, TopicOffsets, compare, log_gaps, pipeline_filter
 
 
 def pairs(*items: tuple[int, int]) -> pa.Table:
@@ -71,3 +76,45 @@ def test_log_gaps(tmp_path: Path) -> None:
     assert log_gaps(uri, {}) == []
     (tmp_path / "t" / "_delta_log" / "00000000000000000002.json").unlink()
     assert log_gaps(uri, {}) == [2]
+
+
+def test_offsets_before_the_low_watermark_are_counted_not_flagged_and_dlq_txns_are_reported() -> None:
+    offsets = topic({0: [5, 6, 7]})
+    [partition] = compare(offsets, pairs((0, 2), (0, 5), (0, 6)), pairs((0, 3), (0, 7)), {0: 7}, {0: 7})
+    assert partition.ok and partition.before_low == 2 and partition.unexpected == []
+    assert partition.dead_letter_committed == 7
+    assert "deleted by retention" in Report("t", "/t", "/d", [partition]).render()
+
+
+def test_the_failed_summary_names_partitions_and_offsets() -> None:
+    reports = compare(
+        topic({0: list(range(4)), 1: list(range(3))}), pairs((0, 0), (0, 0), (1, 0)), pairs(), {0: 1, 1: 2}
+    )
+    report = Report("t", "/t", "/d", reports, table_version=4)
+    text = report.render()
+    summary = text.splitlines()[-1]
+    assert summary.startswith("FAILED: lost 3, duplicated 1")
+    assert "missing 0:[1]" in summary and "duplicated 0:[0]" in summary and "missing 1:[1, 2]" in summary
+    data = json.loads(report.to_json())
+    assert (data["lost"], data["duplicated_total"], data["rows"], data["table_version"]) == (3, 1, 3, 4)
+    assert data["partitions"][1]["missing"] == [1, 2]
+
+
+def test_pipeline_filter_gives_only_the_filtered_offsets(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text(
+        '[kafka]\nbootstrap_servers = "127.0.0.1:9092"\ntopic = "t"\n'
+        f'[table]\nuri = "{tmp_path / "t"}"\nmetadata_columns = ["partition", "offset"]\n'
+        '[table.schema]\nid = "string not null"\ntype = "string"\n'
+        "[filter]\nexpression = \"type != 'heartbeat'\"\n"
+    )
+    config = load_config(path, {})
+    pipeline = build_pipeline(config, parse_schema(config.create_schema_columns()))
+    messages = PartitionMessages(
+        "t",
+        0,
+        [10, 11, 12, 13, 14],
+        [b'{"id": "a", "type": "click"}', b'{"id": "b", "type": "heartbeat"}', b"{not json", None, b'{"type": "x"}'],
+        [0] * 5,
+    )
+    assert pipeline_filter(pipeline)(messages) == [11]
