@@ -11,7 +11,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -19,8 +19,12 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 from deltalake import DeltaTable
+from deltalake.exceptions import TableNotFoundError
 
 ROOT = Path(__file__).resolve().parents[2]
+# Rows record where they came from unless a test opts out (setup_factory(metadata_columns=None)):
+# what `kafka2delta verify` reads.
+METADATA_COLUMNS = ["topic", "partition", "offset"]
 
 SCHEMA = {
     "id": "string not null",
@@ -164,14 +168,19 @@ class Setup:
     config_path: Path
     tmp_path: Path
     app_id: str
+    storage_options: dict[str, str] = field(default_factory=dict)
 
     def table(self) -> DeltaTable:
-        return DeltaTable(self.table_uri)
+        return DeltaTable(self.table_uri, storage_options=self.storage_options or None)
 
     def ids(self) -> list[str]:
-        if not DeltaTable.is_deltatable(self.table_uri):
+        # Not DeltaTable.is_deltatable: it holds the GIL while it waits for storage, and an S3 server
+        # in this process (dev/s3.py) could then never answer.
+        try:
+            table = self.table()
+        except TableNotFoundError:
             return []
-        return self.table().to_pyarrow_table(columns=["id"]).column("id").to_pylist()
+        return table.to_pyarrow_table(columns=["id"]).column("id").to_pylist()
 
     def txn_versions(self) -> dict[int, int | None]:
         table = self.table()
@@ -186,14 +195,33 @@ class Setup:
 
     def dead_letters(self) -> list[dict[str, Any]]:
         """The dead-letter table's rows, by (partition, offset)."""
-        if not DeltaTable.is_deltatable(self.dead_letter_uri):
+        try:
+            table = DeltaTable(self.dead_letter_uri, storage_options=self.storage_options or None)
+        except TableNotFoundError:
             return []
-        rows = DeltaTable(self.dead_letter_uri).to_pyarrow_table().to_pylist()
+        rows = table.to_pyarrow_table().to_pylist()
         return sorted(rows, key=lambda r: (r["partition"], r["offset"]))
 
     def dead_letter_txn_versions(self) -> dict[int, int | None]:
-        table = DeltaTable(self.dead_letter_uri)
+        table = DeltaTable(self.dead_letter_uri, storage_options=self.storage_options or None)
         return {p: table.transaction_version(f"{self.app_id}-dlq-{p}") for p in range(self.topic.partitions)}
+
+    def verify(self, *extra: str, timeout: float = 180) -> tuple[int, dict[str, Any] | str]:
+        """Run ``kafka2delta verify --json`` on this setup's config: the exit code and the JSON report
+        (or, when the output is not JSON, the output)."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("K2D_")}
+        done = subprocess.run(
+            [sys.executable, "-m", "kafka2delta", "verify", "-c", str(self.config_path), "--json", *extra],
+            env=env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        try:
+            return done.returncode, json.loads(done.stdout)
+        except ValueError:
+            return done.returncode, done.stdout + done.stderr
 
 
 def toml_section(name: str, values: dict[str, Any]) -> list[str]:
@@ -211,12 +239,18 @@ def setup_factory(tmp_path: Path, topic_factory: Callable[[int], Topic]) -> Call
         schema: dict[str, str] | None = None,
         sections: dict[str, dict[str, Any]] | None = None,
         table: dict[str, Any] | None = None,
+        metadata_columns: list[str] | None = METADATA_COLUMNS,
+        table_uri: str | None = None,
+        storage_options: dict[str, str] | None = None,
         **ingest: Any,
     ) -> Setup:
         """A topic, a table location and a config file. ``sections`` adds TOML tables (format, transforms …),
-        ``table`` adds keys to [table] (partition_by, schema_evolution …)."""
+        ``table`` adds keys to [table] (partition_by, schema_evolution …). Rows record ``metadata_columns``
+        (None: none; ``table={"metadata_columns": …}`` wins). ``table_uri`` and ``storage_options`` put the
+        table elsewhere (an s3:// bucket)."""
         topic = topic_factory(partitions)
-        table_uri = str(tmp_path / "table")
+        table_uri = table_uri or str(tmp_path / "table")
+        table = {**({"metadata_columns": metadata_columns} if metadata_columns else {}), **(table or {})}
         ingest_settings = {"allowed_latency_s": 1.0, "progress_interval_s": 2.0, **ingest}
         lines = [
             "[kafka]",
@@ -226,15 +260,16 @@ def setup_factory(tmp_path: Path, topic_factory: Callable[[int], Topic]) -> Call
             "[kafka.settings]",
             '"session.timeout.ms" = "10000"',
             '"heartbeat.interval.ms" = "1000"',
-            *toml_section("table", {"uri": table_uri, **(table or {})}),
+            *toml_section("table", {"uri": table_uri, **table}),
             *toml_section("table.schema", schema if schema is not None else SCHEMA),
+            *(toml_section("table.storage_options", storage_options) if storage_options else []),
             *toml_section("ingest", ingest_settings),
         ]
         for name, values in (sections or {}).items():
             lines += toml_section(name, values)
         config_path = tmp_path / "config.toml"
         config_path.write_text("\n".join(lines) + "\n")
-        return Setup(topic, table_uri, config_path, tmp_path, topic.name)
+        return Setup(topic, table_uri, config_path, tmp_path, topic.name, dict(storage_options or {}))
 
     return make
 

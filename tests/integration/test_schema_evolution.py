@@ -17,7 +17,7 @@ def produce(setup, docs: list[dict], partition: int = 0) -> None:
 
 
 def test_merge_adds_new_fields_as_nullable_columns(setup_factory, daemon_factory) -> None:
-    setup = setup_factory(1, schema=SCHEMA, table={"schema_evolution": "merge"})
+    setup = setup_factory(1, schema=SCHEMA, table={"schema_evolution": "merge"}, metadata_columns=None)
     produce(setup, [{"id": f"a{i}", "n": i, "user": {"id": i}} for i in range(50)])
     first = daemon_factory(setup, "--until-caught-up")
     assert first.wait(120) == 0, first.log()[-3000:]
@@ -54,7 +54,7 @@ def test_merge_adds_new_fields_as_nullable_columns(setup_factory, daemon_factory
 
 
 def test_none_drops_unknown_fields_and_counts_them(setup_factory, daemon_factory) -> None:
-    setup = setup_factory(1, schema=SCHEMA)
+    setup = setup_factory(1, schema=SCHEMA, metadata_columns=None)
     produce(setup, [{"id": f"a{i}", "n": i, "color": "red", "user": {"id": i, "country": "FR"}} for i in range(20)])
     daemon = daemon_factory(setup, "--until-caught-up")
     assert daemon.wait(120) == 0, daemon.log()[-3000:]
@@ -64,7 +64,7 @@ def test_none_drops_unknown_fields_and_counts_them(setup_factory, daemon_factory
 
 
 def test_a_schema_change_by_someone_else_is_picked_up_before_the_next_commit(setup_factory, daemon_factory) -> None:
-    setup = setup_factory(1, schema=SCHEMA, allowed_latency_s=2.0)
+    setup = setup_factory(1, schema=SCHEMA, allowed_latency_s=2.0, metadata_columns=None)
     produce(setup, [{"id": f"a{i}", "n": i, "x": f"x{i}"} for i in range(20)])
     daemon = daemon_factory(setup)
     wait_for(lambda: len(setup.ids()) == 20, 60, "the first rows")
