@@ -5,6 +5,11 @@ No MinIO here: moto's ``ThreadedMotoServer`` runs in the test process, bound to 
 keeps its buckets in memory for the life of the process, so a server stopped and started again on
 the same port serves the same objects (a restarted S3 endpoint). delta-rs commits its log with
 put-if-absent (``If-None-Match: *``), which moto (>= 5.0.15) answers with 412 on an existing key.
+moto checks the condition and stores the object in two steps, so two conditional PUTs of one key
+arriving together could both pass the check; :class:`LocalS3` makes each conditional PUT atomic
+(one lock around check and write), as S3 is. ``hold_puts`` parks conditional PUTs of one key until a
+given number have arrived, to race two commits of the same log version on purpose, and
+``put_outcomes`` says how each conditional PUT of a key ended (200 or 412).
 
 The proxy forwards TCP bytes unchanged; ``fail()`` makes it answer every new request with an HTTP
 error, ``refuse()`` closes new connections at once (a server that went away), ``heal()`` goes back
@@ -21,9 +26,11 @@ import contextlib
 import socket
 import threading
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 import boto3
+from moto.s3.exceptions import PreconditionFailed
+from moto.s3.responses import S3Response
 from moto.server import ThreadedMotoServer
 
 ACCESS_KEY = "k2d-test-key"
@@ -31,10 +38,72 @@ SECRET_KEY = "k2d-test-secret"
 REGION = "us-east-1"
 
 
+# moto's backend is one per process, and so are the lock and records below: kept on the patched method,
+# so that this file loaded twice (under two module names) still patches once and shares them.
+class _ConditionalPuts:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.held: dict[str, threading.Barrier] = {}
+        self.outcomes: dict[str, list[int]] = {}
+        self.unmet: list[str] = []
+
+
+def _atomic_conditional_put(original: Any, state: _ConditionalPuts) -> Any:
+    def put_object(self: Any) -> Any:
+        if self.headers.get("If-None-Match") is None and self.headers.get("If-Match") is None:
+            return original(self)
+        key = f"{self.bucket_name}/{self.parse_key_name()}"
+        barrier = state.held.get(key)
+        if barrier is not None:
+            try:
+                barrier.wait()
+            except threading.BrokenBarrierError:
+                state.unmet.append(key)  # the others never came: go on alone
+            state.held.pop(key, None)  # one rendezvous per hold_puts
+        with state.lock:
+            try:
+                response = original(self)
+            except PreconditionFailed:
+                state.outcomes.setdefault(key, []).append(412)
+                raise
+            state.outcomes.setdefault(key, []).append(200)
+            return response
+
+    put_object.k2d_state = state  # type: ignore[attr-defined]
+    return put_object
+
+
+_STATE: _ConditionalPuts | None = getattr(S3Response.put_object, "k2d_state", None)
+if _STATE is None:
+    _STATE = _ConditionalPuts()
+    S3Response.put_object = _atomic_conditional_put(S3Response.put_object, _STATE)  # type: ignore[method-assign]
+
+
 class LocalS3:
     def __init__(self, port: int = 0) -> None:
         self._server: ThreadedMotoServer | None = None
         self.port = port
+
+    @staticmethod
+    def hold_puts(bucket: str, key: str, count: int, timeout: float = 10) -> None:
+        """Hold conditional PUTs of ``bucket/key`` until ``count`` of them have arrived, then let them
+        all go at once (to the atomic check-and-write, where exactly one can win). After ``timeout``
+        seconds (keep it below the clients' request timeout, 30 s for delta-rs) those waiting go on
+        alone and the key is listed by :meth:`unmet`."""
+        assert _STATE is not None
+        _STATE.held[f"{bucket}/{key}"] = threading.Barrier(count, timeout=timeout)
+
+    @staticmethod
+    def unmet() -> list[str]:
+        """``bucket/key`` of every hold whose PUTs did not all arrive in time."""
+        assert _STATE is not None
+        return list(_STATE.unmet)
+
+    @staticmethod
+    def put_outcomes(bucket: str, key: str) -> list[int]:
+        """HTTP status of each conditional PUT of ``bucket/key`` so far (200 stored, 412 refused)."""
+        assert _STATE is not None
+        return list(_STATE.outcomes.get(f"{bucket}/{key}", []))
 
     @property
     def endpoint(self) -> str:
