@@ -114,3 +114,21 @@ zookeeper-start: install
 
 zookeeper-stop: install
 	$(PY) dev/zookeeper/zookeeper.py stop --dir $(ZOOKEEPER_DIR)
+
+# --- the fault matrix (docs/RELIABILITY.md) ---
+.PHONY: chaos chaos-short chaos-report
+
+## chaos: the full chaos suite (K2D_CHAOS=full: 1,000,000 messages under 20+ random SIGKILLs, broker and
+## storage outages…), then docs/RELIABILITY.md's matrix regenerated from tests/chaos/results/full
+chaos: install
+	rm -rf tests/chaos/results/full
+	K2D_CHAOS=full $(PY) -m pytest -q tests/chaos --durations=0 $(CHAOS_ARGS); status=$$?; \
+		$(PY) tests/chaos/report.py --form full; exit $$status
+
+## chaos-short: the short forms only (they run in `make test` too)
+chaos-short: install
+	$(PY) -m pytest -q tests/chaos --durations=0 $(CHAOS_ARGS)
+
+## chaos-report: regenerate docs/RELIABILITY.md's matrix from the last full run's result files
+chaos-report: install
+	$(PY) tests/chaos/report.py --form full
