@@ -140,7 +140,8 @@ def _filesystem(uri: str, storage_options: Mapping[str, str]) -> tuple[pa_fs.Fil
         filesystem = pa_fs.S3FileSystem(
             access_key=options.get("AWS_ACCESS_KEY_ID"),
             secret_key=options.get("AWS_SECRET_ACCESS_KEY"),
-            region=options.get("AWS_REGION"),
+            session_token=options.get("AWS_SESSION_TOKEN") or options.get("AWS_TOKEN"),
+            region=options.get("AWS_REGION") or options.get("AWS_DEFAULT_REGION"),
             endpoint_override=endpoint,
             scheme=scheme or "https",
         )
@@ -375,6 +376,11 @@ class DeltaWriter:
     ) -> int:
         in_log = self.committed_offsets(versions)
         moved = {p: v for p, v in in_log.items() if v != expected[p]}
+        if moved and moved == {p: versions[p] for p in moved} and set(moved) >= _moving(expected, versions):
+            # Exactly our versions: an earlier attempt of this very commit landed, and only reading the
+            # log after it failed (see _after_commit). Not a conflict: the data is in the table.
+            logger.info("an earlier attempt of this commit to %s landed (txn versions are ours)", self._uri)
+            return self._after_commit()
         if moved:
             raise CommitConflict(moved)
         latest = _table_schema(self._table)
@@ -411,7 +417,11 @@ class DeltaWriter:
         return self._after_commit()
 
     def _after_commit(self) -> int:
-        self._table.update_incremental()
+        try:
+            self._table.update_incremental()
+        except (DeltaError, OSError) as exc:
+            # The commit landed; the caller retries and the next attempt finds its txn versions in the log.
+            raise RetryableError(f"committed to {self._uri}, then reading the log failed: {exc}") from exc
         self.schema = _table_schema(self._table)
         version = self._table.version()
         if version % self._checkpoint_interval == 0:
@@ -437,6 +447,11 @@ class DeltaWriter:
             return self._table.history(limit)
         except (DeltaError, OSError) as exc:
             raise RetryableError(f"reading history of {self._uri}: {exc}") from exc
+
+
+def _moving(expected: Mapping[int, int | None], versions: Mapping[int, int]) -> set[int]:
+    """The partitions whose txn a commit moves (a dead-letter re-record inside an older window moves none)."""
+    return {p for p, v in versions.items() if v != expected[p]}
 
 
 def _rejected_rows(rows: pa.Table, compression: str, cause: Exception) -> list[tuple[int, Exception]]:

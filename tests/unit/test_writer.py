@@ -122,3 +122,20 @@ def test_rows_parquet_refuses_are_named_and_nothing_is_written(tmp_path: Path, m
         writer.write_files("e", 0, OffsetRange(0, 3), rows(["a", "poison", "b", "c"]))
     assert [index for index, _ in raised.value.failures] == [1]
     assert "cannot write poison" in str(raised.value.failures[0][1])
+
+
+def test_s3_filesystem_takes_temporary_credentials_and_the_region_from_storage_options() -> None:
+    from kafka2delta.writer import _filesystem
+
+    options = {
+        "aws_access_key_id": "AKIA",
+        "AWS_SECRET_ACCESS_KEY": "secret",
+        "AWS_SESSION_TOKEN": "token",
+        "AWS_DEFAULT_REGION": "eu-west-1",
+        "AWS_ENDPOINT_URL": "http://127.0.0.1:9",
+    }
+    filesystem, path = _filesystem("s3://lake/events", options)
+    assert path == "lake/events"
+    settings = filesystem.__reduce__()[1][0]  # what the filesystem was built with
+    assert (settings["session_token"], settings["region"]) == ("token", "eu-west-1")
+    assert (settings["scheme"], settings["endpoint_override"]) == ("http", "127.0.0.1:9")
