@@ -5,6 +5,7 @@
      │    └── ConflictingCommit    Delta refused the job's commit (a concurrent writer); the next turn retries
      └── FatalError
           ├── SparkJobError        Spark or Delta failed otherwise (the message names the step)
+          ├── CheckpointMismatch   the table holds a later txn version of the job than its checkpoint's batch
           └── TableNotWritable     the table needs features delta-rs cannot write; the jobs refuse to touch it
 
 Spark's exceptions (``PySparkException``, ``Py4JJavaError``) are caught where a job calls Spark and re-raised
@@ -38,6 +39,11 @@ class ConflictingCommit(RetryableError):
 
 class SparkJobError(FatalError):
     """Spark or Delta failed a step of a job."""
+
+
+class CheckpointMismatch(FatalError):
+    """A job's micro-batch is older than what the table already applied under the job's txnAppId: its
+    checkpoint is not the one that wrote those commits (restored, replaced, or shared by two jobs)."""
 
 
 class TableNotWritable(FatalError):

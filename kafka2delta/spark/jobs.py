@@ -7,6 +7,11 @@ with ``Trigger.AvailableNow`` (every request available now, in micro-batches of 
 ``ttl``, the retention delete; register and release. A turn that fails (a conflicting commit when the table's
 other writers are not coordinated) releases without registering; the next turn replays the unfinished batch
 from the checkpoint, and the txn versions make that replay change nothing that already landed.
+
+The txn versions are batch ids, so they are tied to the checkpoint: the job commits with
+``txnAppId = <app_id>-<job name>`` (the checkpoint is ``<jobs.checkpoint_dir>/<job name>``), refuses to start a
+new checkpoint while the table holds a txn version of that app id, and a micro-batch older than the table's
+version raises :class:`~kafka2delta.spark.errors.CheckpointMismatch` rather than being skipped as a replay.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from kafka2delta.coordinator import Coordinator, CoordinatorError
 from kafka2delta.errors import ConfigError, Kafka2DeltaError
 from kafka2delta.spark.errors import ConflictingCommit, SparkJobError, translate
 from kafka2delta.spark.mutations import (
+    GROUP_STRIDE,
     BatchResult,
     Target,
     apply_gdpr_deletes,
@@ -83,7 +89,13 @@ class StreamingJob:
         self.config = config
         self.job = job
         self.name = job_name or job
+        if self.name.isdigit():  # <app_id>-<digits> is the daemon's txnAppId of a partition
+            raise ConfigError("--job-name", f"must not be a number (got {self.name!r})")
+        self.txn_app_id = f"{config.app_id}-{self.name}"
+        """Delta's txnAppId of the job's commits: one per checkpoint (``<jobs.checkpoint_dir>/<job name>``)."""
         self.coordinator = coordinator
+        self._table_checked = False
+        self._batch_error: Exception | None = None
         self.target = Target(config.table.uri, config.table.storage_options)
         self.stats = JobStats()
         self._clock = clock
@@ -100,14 +112,14 @@ class StreamingJob:
     # -- one micro-batch (called by Spark in this driver process)
 
     def _handler(self) -> Handler:
-        app_id, topic = self.config.app_id, self.topic
+        txn_app_id, topic = self.txn_app_id, self.topic
         if self.job == "mutate":
             return lambda session, messages, batch_id: apply_mutations(
-                session, self.target, messages, batch_id, app_id, topic
+                session, self.target, messages, batch_id, txn_app_id, topic
             )
         column = self.config.jobs.subject_column
         return lambda session, messages, batch_id: apply_gdpr_deletes(
-            session, self.target, messages, batch_id, app_id, topic, column
+            session, self.target, messages, batch_id, txn_app_id, topic, column
         )
 
     def _for_each_batch(self, handler: Handler) -> Callable[[DataFrame, int], None]:
@@ -116,7 +128,13 @@ class StreamingJob:
             messages = [(int(r["partition"]), int(r["offset"]), r["value"]) for r in rows]
             if not messages:
                 return
-            result = handler(batch.sparkSession, messages, batch_id)
+            try:
+                result = handler(batch.sparkSession, messages, batch_id)
+            except Kafka2DeltaError as exc:
+                # Spark wraps it in a StreamingQueryException whose text is a Python traceback: run_turn raises
+                # this one instead (its message names the batch, group, txn version and requests).
+                self._batch_error = exc
+                raise
             self.stats.batches += 1
             self.stats.result.add(result)
 
@@ -142,6 +160,63 @@ class StreamingJob:
             .start()
         )
         query.awaitTermination()
+
+    def check_table(self) -> None:
+        """The [jobs] columns exist in the table with usable types (ConfigError naming the key if not)."""
+        from deltalake import DeltaTable as RsTable
+        from deltalake.schema import PrimitiveType
+
+        jobs = self.config.jobs
+        wanted: list[tuple[str, str, tuple[str, ...]]] = []
+        if self.job == "ttl" and self.topic:
+            wanted.append(("jobs.subject_column", jobs.subject_column, ()))
+        if self.job == "ttl" and jobs.retention_column:
+            wanted.append(("jobs.retention_column", jobs.retention_column, ("timestamp", "timestamp_ntz", "date")))
+        if not wanted:
+            return
+        check_writable(self.target.uri, self.target.storage_options)  # ConfigError if there is no table
+        storage_options = dict(self.target.storage_options) or None
+        fields = {f.name: f.type for f in RsTable(self.target.uri, storage_options=storage_options).schema().fields}
+        for key, column, types in wanted:
+            if column not in fields:
+                raise ConfigError(
+                    key, f"{column!r} is not a top-level column of {self.target.uri} (columns: {', '.join(fields)})"
+                )
+            kind = fields[column]
+            simple = kind.type if isinstance(kind, PrimitiveType) else type(kind).__name__
+            if not isinstance(kind, PrimitiveType) or (types and simple not in types):
+                expected = " or ".join(types) if types else "a scalar type"
+                raise ConfigError(key, f"column {column!r} of {self.target.uri} is {simple}, expected {expected}")
+
+    def _checkpoint_batches(self) -> list[int]:
+        """The batch ids planned in the checkpoint's ``offsets`` directory (Hadoop's filesystem: any scheme)."""
+        location = checkpoint_location(self.config, self.name)
+        context = self.session.sparkContext
+        jvm, hadoop_conf = context._jvm, context._jsc.hadoopConfiguration()  # no public API for Hadoop paths
+        assert jvm is not None
+        offsets = jvm.org.apache.hadoop.fs.Path(f"{location}/offsets")
+        fs = offsets.getFileSystem(hadoop_conf)
+        if not fs.exists(offsets):
+            return []
+        return [int(name) for name in (st.getPath().getName() for st in fs.listStatus(offsets)) if name.isdigit()]
+
+    def check_checkpoint(self) -> None:
+        """Refuse a new checkpoint (no batch yet) while the table holds a txn version of the job's txnAppId: its
+        batch ids would restart at 0, below that version, and every batch would be skipped as a replay."""
+        applied = self.target.applied_version(self.txn_app_id)
+        if applied < 0 or self._checkpoint_batches():
+            return
+        location = checkpoint_location(self.config, self.name)
+        raise ConfigError(
+            "jobs.checkpoint_dir",
+            f"the checkpoint {location} is new (no batch yet), but {self.target.uri} already has txn version "
+            f"{applied} of {self.txn_app_id} (batch {applied // GROUP_STRIDE if self.job == 'mutate' else applied} "
+            "of an earlier checkpoint): a new checkpoint restarts batch ids at 0 and its batches would be skipped as "
+            "replays. The checkpoint is <jobs.checkpoint_dir>/<--job-name>: point jobs.checkpoint_dir and "
+            "--job-name back at the one that wrote that version; or, to read the request topic again from "
+            f"jobs.starting_offsets ({self.config.jobs.starting_offsets}) under a new txnAppId, run with a "
+            "--job-name never used on this table",
+        )
 
     def pending_work(self) -> bool:
         """False only when the checkpoint shows every request of the topic processed (an idle turn then costs
@@ -210,6 +285,9 @@ class StreamingJob:
         from py4j.protocol import Py4JError
         from pyspark.errors import PySparkException
 
+        if not self._table_checked:
+            self.check_table()
+            self._table_checked = True
         turn = self.coordinator.turn(self.name)
         if turn is None:
             self.stats.skipped_turns += 1
@@ -220,11 +298,14 @@ class StreamingJob:
             check_writable(self.target.uri, self.target.storage_options)
             try:
                 if self.topic and self.pending_work():
+                    self.check_checkpoint()
+                    self._batch_error = None
                     self._run_query()
                 if self.job == "ttl" and self.config.jobs.retention_column:
                     self._retention()
             except (PySparkException, Py4JError) as exc:
-                error = translate(exc, f"jobs {self.job}")
+                error: Exception = self._batch_error or translate(exc, f"jobs {self.job}")
+                self._batch_error = None
                 if isinstance(error, ConflictingCommit):
                     self.stats.conflicts += 1
                 raise error from exc
@@ -247,6 +328,9 @@ class StreamingJob:
         retries (``available_now``: at most ``max_attempts`` turns, then it is raised). Other errors are raised.
         """
         stop = stop or threading.Event()
+        if not self._table_checked:
+            self.check_table()
+            self._table_checked = True
         interval = self.config.jobs.trigger_interval_s if interval_s is None else interval_s
         started = time.monotonic()
         before = table_stats(self.target.uri, self.target.storage_options)

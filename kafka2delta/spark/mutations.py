@@ -1,30 +1,37 @@
-"""Mutation and GDPR requests: parsing and grouping (pure), and applying one micro-batch of them to the table.
+"""Mutation and GDPR requests: parsing and grouping (pure), checking their values against the column types
+(Spark), and applying one micro-batch of them to the table.
 
 A mutation request is one JSON object per Kafka message::
 
     {"op": "update", "match": {"lead_id": "L1"}, "set": {"contact_id": "C9"}}
     {"op": "delete", "match": {"lead_id": "L2", "org": "o1"}}
 
-``match`` and ``set`` name top-level columns with scalar values (``set`` values may be null). A GDPR request is
-``{"subject_id": "U1"}``: every row whose ``jobs.subject_column`` equals it is deleted. A request that is not
-valid is logged with ``topic[partition]@offset`` and counted, never applied, and does not stop the job.
+``match`` and ``set`` name top-level columns with scalar values (``set`` values may be null, except for a NOT
+NULL column). A GDPR request is ``{"subject_id": "U1"}``: every row whose ``jobs.subject_column`` equals it is
+deleted. Every value must cast to its column's type (Spark's ``try_cast``, the cast the MERGE applies). A request
+that is not valid is logged with ``topic[partition]@offset``, counted, never applied, and does not stop the job.
 
 Exactly once: a micro-batch's requests, in (partition, offset) order, are cut into groups of consecutive
-requests that one MERGE can apply as if one by one (the same match columns and no match value twice, so each
-row meets at most one of them; updates setting the same columns, none of them a match column; deletes mix in).
-Group ``i`` of batch ``b`` commits with Delta's idempotent-DML
-transaction ``txnAppId = <app_id>-mutate``, ``txnVersion = b * 1_000_000 + i``, so a replayed batch (a crash
-after some of its commits, or a conflict) skips the groups that landed and applies the rest. GDPR batches are
-one DELETE each: ``txnAppId = <app_id>-ttl``, ``txnVersion = b``.
+requests that one MERGE can apply as if one by one (the same match columns and no match value twice once cast
+to the column types, so each row meets at most one of them; updates setting the same columns, none of them a
+match column; deletes mix in). Group ``i`` of batch ``b`` commits with Delta's idempotent-DML transaction
+``txnAppId = <app_id>-<job name>``, ``txnVersion = b * 1_000_000 + i``, so a replayed batch (a crash after some
+of its commits, or a conflict) skips the groups that landed and applies the rest. GDPR batches are one DELETE
+each: ``txnVersion = b``. A table whose txn version is past the batch's range raises
+:class:`~kafka2delta.spark.errors.CheckpointMismatch` (the checkpoint is not the one that wrote it) instead of
+skipping the batch as a replay.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
+
+from kafka2delta.spark.errors import CheckpointMismatch, translate
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -49,6 +56,9 @@ class Request:
     set: tuple[tuple[str, Scalar], ...]
     where: str
     """``topic[partition]@offset``, for logs."""
+    canonical: tuple[str | None, ...] | None = None
+    """The match values cast to their column types and back to text (:func:`check_values`): ``1`` and ``"1"``
+    match the same rows of a bigint column, so they are one key."""
 
     @property
     def shape(self) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
@@ -56,7 +66,9 @@ class Request:
 
     @property
     def key(self) -> tuple[Scalar, ...]:
-        return tuple(v for _, v in self.match)
+        if self.canonical is not None:
+            return self.canonical
+        return tuple(_text(v) for _, v in self.match)
 
 
 @dataclass
@@ -83,7 +95,7 @@ class BatchResult:
 
 
 def _scalar_columns(
-    schema: Mapping[str, str], values: Any, what: str, *, nullable: bool
+    schema: Mapping[str, str], values: Any, what: str, *, nullable: bool, not_null: frozenset[str] = frozenset()
 ) -> tuple[tuple[str, Scalar], ...]:
     if not isinstance(values, dict) or not values:
         raise ValueError(f"'{what}' must be a non-empty object of column: value")
@@ -95,14 +107,20 @@ def _scalar_columns(
             raise ValueError(f"'{what}' names {column!r}, a {schema[column]} column (scalars only)")
         if value is None and not nullable:
             raise ValueError(f"'{what}' needs a value for {column!r}, not null")
+        if value is None and column in not_null:
+            raise ValueError(f"'{what}' cannot make {column!r} null: it is a NOT NULL column")
         if isinstance(value, (dict, list)):
             raise ValueError(f"'{what}' value of {column!r} must be a scalar, got {json.dumps(value)[:80]}")
         pairs.append((str(column), value))
     return tuple(sorted(pairs))
 
 
-def parse_mutation(payload: bytes | None, schema: Mapping[str, str], where: str) -> Request:
-    """A valid request from a message payload; ValueError says why not. ``schema`` maps column → simple type."""
+def parse_mutation(
+    payload: bytes | None, schema: Mapping[str, str], where: str, not_null: frozenset[str] = frozenset()
+) -> Request:
+    """A well-formed request from a message payload; ValueError says why not. ``schema`` maps column → simple
+    type, ``not_null`` names the NOT NULL columns. Whether the values cast to the column types is
+    :func:`check_values`' part (it needs Spark)."""
     if not payload:
         raise ValueError("empty payload")
     try:
@@ -121,7 +139,7 @@ def parse_mutation(payload: bytes | None, schema: Mapping[str, str], where: str)
             raise ValueError("a delete has no 'set'")
         return Request("delete", match, (), where)
     if op == "update":
-        assignments = _scalar_columns(schema, raw.get("set"), "set", nullable=True)
+        assignments = _scalar_columns(schema, raw.get("set"), "set", nullable=True, not_null=not_null)
         return Request("update", match, assignments, where)
     raise ValueError(f"'op' must be 'update' or 'delete', got {op!r}")
 
@@ -192,6 +210,55 @@ def simple_schema(schema: StructType) -> dict[str, str]:
     return {f.name: f.dataType.simpleString() for f in schema.fields}
 
 
+def not_null_columns(schema: StructType) -> frozenset[str]:
+    return frozenset(f.name for f in schema.fields if not f.nullable)
+
+
+def _cast(expression: str, column_type: str) -> str:
+    """``try_cast``: never an error inside a MERGE (Spark 4 runs ANSI casts, which fail the whole batch on
+    every replay); the values were checked with the same cast by :func:`check_values`."""
+    return f"try_cast({expression} AS {column_type})"
+
+
+def check_values(
+    session: SparkSession, requests: Sequence[Request], types: Mapping[str, str]
+) -> tuple[list[Request], list[tuple[Request, str]]]:
+    """The requests whose every value casts to its column's type, with their canonical keys; and the others,
+    each with the reason. One small Spark job (the cast is Spark's own, the one the MERGE applies)."""
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    if not requests:
+        return [], []
+    slots: dict[tuple[str, str], int] = {}
+    for request in requests:
+        for kind, pairs in (("match", request.match), ("set", request.set)):
+            for column, _ in pairs:
+                slots.setdefault((kind, column), len(slots))
+    rows = []
+    for request in requests:
+        row: list[str | None] = [None] * len(slots)
+        for kind, pairs in (("match", request.match), ("set", request.set)):
+            for column, value in pairs:
+                row[slots[kind, column]] = _text(value)
+        rows.append(tuple(row))
+    schema = StructType([StructField(f"v{i}", StringType(), True) for i in range(len(slots))])
+    casts = [f"CAST({_cast(f'v{i}', types[column])} AS STRING)" for (_kind, column), i in slots.items()]
+    results = session.createDataFrame(rows, schema).selectExpr(*casts).collect()
+    valid, invalid = [], []
+    for request, raw, cast in zip(requests, rows, results, strict=True):
+        problems = [
+            f"'{kind}' value {raw[i]!r} of {column!r} is not a {types[column]}"
+            for (kind, column), i in slots.items()
+            if raw[i] is not None and cast[i] is None
+        ]
+        if problems:
+            invalid.append((request, "; ".join(problems)))
+            continue
+        canonical = tuple(cast[slots["match", column]] for column, _ in request.match)
+        valid.append(dataclasses.replace(request, canonical=canonical))
+    return valid, invalid
+
+
 class _Txn:
     """Delta's idempotent-DML transaction for the commands run inside the block."""
 
@@ -242,14 +309,14 @@ def _merge(session: SparkSession, path: str, group: list[Request], types: Mappin
         for r in group
     ]
     source = session.createDataFrame(rows, source_schema)
-    condition = " AND ".join(f"t.{_q(c)} = CAST(s.m{i} AS {types[c]})" for i, c in enumerate(match_columns))
+    condition = " AND ".join(f"t.{_q(c)} = {_cast(f's.m{i}', types[c])}" for i, c in enumerate(match_columns))
     builder = DeltaTable.forPath(session, path).alias("t").merge(source.alias("s"), condition)
     if any(r.op == "delete" for r in group):
         builder = builder.whenMatchedDelete(condition="s.op = 'delete'")
     if set_columns:
         builder = builder.whenMatchedUpdate(
             condition="s.op = 'update'",
-            set={_q(c): f"CAST(s.s{i} AS {types[c]})" for i, c in enumerate(set_columns)},
+            set={_q(c): _cast(f"s.s{i}", types[c]) for i, c in enumerate(set_columns)},
         )
     metrics = builder.execute().collect()
     if not metrics:
@@ -258,38 +325,66 @@ def _merge(session: SparkSession, path: str, group: list[Request], types: Mappin
     return int(row.get("num_updated_rows") or 0), int(row.get("num_deleted_rows") or 0)
 
 
+def _check_not_past(target: Target, txn_app_id: str, applied: int, batch_id: int, first: int, last: int) -> None:
+    """Raise if the table applied a txn version past this batch's range: a later batch of another checkpoint."""
+    if applied > last:
+        versions = f"{first}" if first == last else f"{first}..{last}"
+        raise CheckpointMismatch(
+            f"batch {batch_id} would commit txn versions {versions} of {txn_app_id}, but {target.uri} already has "
+            f"version {applied}: the checkpoint is behind the table (restored, replaced, or shared with another "
+            "job of the same name); its batches would be skipped as replays. Run with the checkpoint that wrote "
+            f"version {applied} (jobs.checkpoint_dir, --job-name), or with a new --job-name to start over"
+        )
+
+
 def apply_mutations(
     session: SparkSession,
     target: Target,
     messages: Sequence[tuple[int, int, bytes | None]],
     batch_id: int,
-    app_id: str,
+    txn_app_id: str,
     topic: str,
 ) -> BatchResult:
-    """Apply one micro-batch of mutation requests (``(partition, offset, value)``) to ``target``."""
+    """Apply one micro-batch of mutation requests (``(partition, offset, value)``) to ``target``, committing
+    with ``txn_app_id`` (``<app_id>-<job name>``)."""
     from delta.tables import DeltaTable
+    from py4j.protocol import Py4JError
+    from pyspark.errors import PySparkException
 
     path = target.path
     result = BatchResult()
-    types = simple_schema(DeltaTable.forPath(session, path).toDF().schema)
-    requests = []
+    first, last = batch_id * GROUP_STRIDE, batch_id * GROUP_STRIDE + GROUP_STRIDE - 1
+    applied = target.applied_version(txn_app_id)
+    _check_not_past(target, txn_app_id, applied, batch_id, first, last)
+    schema = DeltaTable.forPath(session, path).toDF().schema
+    types, not_null = simple_schema(schema), not_null_columns(schema)
+    parsed = []
     for partition, offset, value in sorted(messages, key=lambda m: (m[0], m[1])):
         where = f"{topic}[{partition}]@{offset}"
         result.requests += 1
         try:
-            requests.append(parse_mutation(value, types, where))
+            parsed.append(parse_mutation(value, types, where, not_null))
         except ValueError as exc:
             result.invalid += 1
             logger.warning("invalid mutation request %s: %s", where, exc)
-    txn_app_id = f"{app_id}-mutate"
-    applied = target.applied_version(txn_app_id)
+    requests, bad = check_values(session, parsed, types)
+    for request, reason in bad:
+        result.invalid += 1
+        logger.warning("invalid mutation request %s: %s", request.where, reason)
     for index, group in enumerate(group_requests(requests)):
-        version = batch_id * GROUP_STRIDE + index
+        version = first + index
         if version <= applied:
             result.skipped_commits += 1
             continue
-        with _Txn(session, txn_app_id, version):
-            updated, deleted = _merge(session, path, group, types)
+        try:
+            with _Txn(session, txn_app_id, version):
+                updated, deleted = _merge(session, path, group, types)
+        except (PySparkException, Py4JError) as exc:
+            step = (
+                f"jobs mutate batch {batch_id} group {index} (txnVersion {version} of {txn_app_id}; "
+                f"{len(group)} request(s) {group[0].where}..{group[-1].where})"
+            )
+            raise translate(exc, step) from exc
         result.commits += 1
         result.rows_updated += updated
         result.rows_deleted += deleted
@@ -313,44 +408,69 @@ def apply_gdpr_deletes(
     target: Target,
     messages: Sequence[tuple[int, int, bytes | None]],
     batch_id: int,
-    app_id: str,
+    txn_app_id: str,
     topic: str,
     subject_column: str,
 ) -> BatchResult:
     """Delete every row of the subjects requested in one micro-batch: one commit, txnVersion = batch id."""
     from delta.tables import DeltaTable
+    from py4j.protocol import Py4JError
+    from pyspark.errors import PySparkException
     from pyspark.sql.types import StringType, StructField, StructType
 
     path = target.path
     result = BatchResult()
-    subjects: set[str] = set()
-    for partition, offset, value in messages:
+    applied = target.applied_version(txn_app_id)
+    _check_not_past(target, txn_app_id, applied, batch_id, batch_id, batch_id)
+    requested: list[tuple[str, str]] = []
+    for partition, offset, value in sorted(messages, key=lambda m: (m[0], m[1])):
+        where = f"{topic}[{partition}]@{offset}"
         result.requests += 1
         try:
-            subjects.add(parse_subject(value))
+            requested.append((where, parse_subject(value)))
         except ValueError as exc:
             result.invalid += 1
-            logger.warning("invalid GDPR request %s[%d]@%d: %s", topic, partition, offset, exc)
-    if not subjects:
-        return result
-    txn_app_id = f"{app_id}-ttl"
-    if batch_id <= target.applied_version(txn_app_id):
-        result.skipped_commits += 1
+            logger.warning("invalid GDPR request %s: %s", where, exc)
+    if not requested:
         return result
     table = DeltaTable.forPath(session, path)
     column_type = simple_schema(table.toDF().schema)[subject_column]
-    source = session.createDataFrame(
-        [(s,) for s in sorted(subjects)], StructType([StructField("subject", StringType(), False)])
+    text = StructType([StructField("subject", StringType(), False)])
+    cast = _cast("subject", column_type)
+    canonical = (
+        session.createDataFrame([(s,) for _, s in requested], text).selectExpr(f"CAST({cast} AS STRING)").collect()
     )
-    condition = f"t.{_q(subject_column)} = CAST(s.subject AS {column_type})"
-    with _Txn(session, txn_app_id, batch_id):
-        metrics = table.alias("t").merge(source.alias("s"), condition).whenMatchedDelete().execute().collect()
+    subjects: set[str] = set()
+    for (where, subject), row in zip(requested, canonical, strict=True):
+        if row[0] is None:
+            result.invalid += 1
+            logger.warning("invalid GDPR request %s: subject_id %r is not a %s", where, subject, column_type)
+        else:
+            subjects.add(row[0])  # 1 and "1" of a bigint column: one subject
+    if not subjects:
+        return result
+    if batch_id <= applied:
+        result.skipped_commits += 1
+        return result
+    source = session.createDataFrame([(s,) for s in sorted(subjects)], text)
+    condition = f"t.{_q(subject_column)} = {_cast('s.subject', column_type)}"
+    try:
+        with _Txn(session, txn_app_id, batch_id):
+            metrics = table.alias("t").merge(source.alias("s"), condition).whenMatchedDelete().execute().collect()
+    except (PySparkException, Py4JError) as exc:
+        step = (
+            f"jobs ttl batch {batch_id} (txnVersion {batch_id} of {txn_app_id}; "
+            f"{len(requested)} request(s) {requested[0][0]}..{requested[-1][0]})"
+        )
+        raise translate(exc, step) from exc
     result.commits += 1
     result.rows_deleted += int(metrics[0].asDict().get("num_deleted_rows") or 0) if metrics else 0
     logger.info(
-        "batch %d: GDPR delete of %d subject(s): %d rows deleted (txn %s=%d)",
+        "batch %d: GDPR delete of %d subject(s) %s..%s: %d rows deleted (txn %s=%d)",
         batch_id,
         len(subjects),
+        requested[0][0],
+        requested[-1][0],
         result.rows_deleted,
         txn_app_id,
         batch_id,

@@ -1,9 +1,10 @@
-"""Mutation and GDPR/retention jobs end to end from their topics; a replayed micro-batch changes nothing; the
-daemon appends afterwards."""
+"""Mutation and GDPR/retention jobs end to end from their topics; a replayed micro-batch changes nothing; a new
+checkpoint is refused while the table holds the job's txn; the daemon appends afterwards."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ import pytest
 from deltalake import DeltaTable
 
 from kafka2delta.coordinator import Coordinator, NoBackend
+from kafka2delta.errors import ConfigError
 from kafka2delta.spark.jobs import StreamingJob
 from kafka2delta.spark.tables import check_writable
 from tests.integration.conftest import Daemon, Message, Setup, Topic
@@ -77,6 +79,20 @@ def test_mutation_and_ttl_jobs_from_their_topics(
     assert replay.details["batches"] == 1 and replay.details["replayed_commits_skipped"] == 2
     assert replay.details["commits"] == 0
     assert DeltaTable(setup.table_uri).version() == version
+    assert _rows(setup) == rows
+
+    # A new checkpoint (deleted, or another jobs.checkpoint_dir) would restart batch ids at 0, below the table's
+    # txn version: refused, and nothing is skipped; the job name picks the checkpoint and the txnAppId.
+    mutations.produce_messages([Message(0, delete("L4"))])
+    shutil.move(checkpoints / "mutate", tmp_path / "old-mutate")
+    with pytest.raises(ConfigError, match=r"jobs\.checkpoint_dir.*--job-name"):
+        StreamingJob(spark, cfg, "mutate", none).run(available_now=True)
+    assert DeltaTable(setup.table_uri).version() == version
+    shutil.move(tmp_path / "old-mutate", checkpoints / "mutate")
+    report = StreamingJob(spark, cfg, "mutate", none).run(available_now=True)
+    assert report.details["rows_deleted"] == 10 and report.details["replayed_commits_skipped"] == 0
+    assert DeltaTable(setup.table_uri).transaction_version(f"{cfg.app_id}-mutate") == 1_000_000
+    rows = {i: r for i, r in rows.items() if r[0] != "L4"}
     assert _rows(setup) == rows
 
     # GDPR deletes by subject, and the retention delete of rows older than 30 days.

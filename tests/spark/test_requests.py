@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from kafka2delta.config import SparkConfig, load_config
@@ -41,6 +43,23 @@ def test_parse_mutation_requests() -> None:
 def test_invalid_mutation_requests(payload: bytes, reason: str) -> None:
     with pytest.raises(ValueError, match=reason):
         parse_mutation(payload, SCHEMA, "t[0]@0")
+
+
+def test_a_null_set_on_a_not_null_column_is_invalid() -> None:
+    payload = b'{"op":"update","match":{"lead_id":"L1"},"set":{"id":null}}'
+    assert parse_mutation(payload, SCHEMA, "t[0]@0").set == (("id", None),)
+    with pytest.raises(ValueError, match="NOT NULL"):
+        parse_mutation(payload, SCHEMA, "t[0]@0", frozenset({"id"}))
+
+
+def test_keys_equal_once_cast_are_never_in_one_group() -> None:
+    """``1`` and ``"01"`` of a bigint column match the same rows: one MERGE with both would fail (several source
+    rows for one target row), so the canonical keys (check_values) decide."""
+    one = parse_mutation(b'{"op":"update","match":{"n":1},"set":{"contact_id":"A"}}', SCHEMA, "t[0]@0")
+    quoted = parse_mutation(b'{"op":"update","match":{"n":"01"},"set":{"contact_id":"B"}}', SCHEMA, "t[0]@1")
+    assert len(group_requests([one, quoted])) == 1  # as written they differ
+    canonical = [dataclasses.replace(r, canonical=("1",)) for r in (one, quoted)]
+    assert [[r.where for r in g] for g in group_requests(canonical)] == [["t[0]@0"], ["t[0]@1"]]
 
 
 def test_parse_subject() -> None:
