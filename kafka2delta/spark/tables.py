@@ -8,6 +8,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.fs as pa_fs
@@ -121,10 +122,19 @@ def files_matching(actions: pa.Table, column: str, value: Any) -> int:
     return sum(1 for low, high in zip(lows, highs, strict=True) if low is None or high is None or low <= value <= high)
 
 
+def storage_path(log_path: str) -> str:
+    """A file's path as it is named on storage, from its path in the Delta log: the log's ``path`` is a URI
+    (percent-encoded once more: a partition value ``a b:c`` is directory ``p=a%20b%3Ac`` on storage and
+    ``p=a%2520b%253Ac`` in the log and in deltalake's add actions), so it is decoded once. Every path that
+    vacuum compares (log, storage listing, Spark's VACUUM output) is in this storage form."""
+    return unquote(log_path)
+
+
 def referenced_paths(uri: str, storage_options: Mapping[str, str] = {}) -> set[str]:
-    """Relative paths of the files of the current version."""
+    """Relative paths (storage form, :func:`storage_path`) of the files of the current version."""
     table = _open(uri, storage_options)
-    return {str(path) for path in pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist()}
+    paths = pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist()
+    return {storage_path(str(path)) for path in paths}
 
 
 def filesystem(uri: str, storage_options: Mapping[str, str] = {}) -> tuple[pa_fs.FileSystem, str]:
@@ -166,8 +176,8 @@ def data_files(uri: str, storage_options: Mapping[str, str] = {}) -> list[DataFi
 
 
 def logged_adds(uri: str, storage_options: Mapping[str, str] = {}) -> set[str]:
-    """Paths of every file added by a commit whose JSON is still in ``_delta_log`` (to tell a crashed daemon's
-    never-committed files from files that were committed and later removed)."""
+    """Paths (storage form, :func:`storage_path`) of every file added by a commit whose JSON is still in
+    ``_delta_log`` (to tell a crashed daemon's never-committed files from files committed and later removed)."""
     fs, root = filesystem(uri, storage_options)
     log = f"{root.rstrip('/')}/_delta_log"
     try:
@@ -187,5 +197,5 @@ def logged_adds(uri: str, storage_options: Mapping[str, str] = {}) -> set[str]:
             if '"add"' in line:
                 with_add = json.loads(line)
                 if "add" in with_add:
-                    paths.add(with_add["add"]["path"])
+                    paths.add(storage_path(with_add["add"]["path"]))
     return paths
