@@ -93,6 +93,7 @@ def optimize(
     metrics = rows[0]["metrics"].asDict(recursive=True) if rows and rows[0]["metrics"] is not None else {}
     check_writable(uri, storage_options)
     after = table_stats(uri, storage_options)
+    read_version, commit_version = _optimize_commit(session, uri, before.version, after.version)
     details: dict[str, object] = {
         "files_removed": metrics.get("numFilesRemoved", 0),
         "files_added": metrics.get("numFilesAdded", 0),
@@ -100,6 +101,12 @@ def optimize(
         "bytes_added": (metrics.get("filesAdded") or {}).get("totalSize", 0),
         "version": f"{before.version}->{after.version}",
     }
+    if commit_version is not None:
+        # Delta's own record: the snapshot OPTIMIZE read, and the version it committed as. Versions between
+        # them are other writers' commits (the daemon's appends) that landed while it ran.
+        details["read_version"] = read_version
+        details["commit_version"] = commit_version
+        details["concurrent_commits"] = commit_version - (read_version if read_version is not None else -1) - 1
     if zorder_by:
         details["zorder_by"] = ",".join(zorder_by)
     if where:
@@ -118,6 +125,21 @@ def optimize(
         duration_s=time.monotonic() - started,
         details=details,
     )
+
+
+def _optimize_commit(session: SparkSession, uri: str, before: int, after: int) -> tuple[int | None, int | None]:
+    """(readVersion, version) of the OPTIMIZE commit between versions ``before`` and ``after`` (the newest if
+    several), from the commit info Delta wrote; (None, None) if OPTIMIZE committed nothing."""
+    from delta.tables import DeltaTable
+
+    if after <= before:
+        return None, None
+    history = DeltaTable.forPath(session, spark_path(uri)).history(after - before)
+    rows = history.where("operation = 'OPTIMIZE'").select("version", "readVersion").orderBy("version").collect()
+    if not rows:
+        return None, None
+    read = rows[-1]["readVersion"]
+    return (None if read is None else int(read)), int(rows[-1]["version"])
 
 
 def vacuum(

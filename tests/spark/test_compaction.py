@@ -26,9 +26,10 @@ def test_compaction_200_small_files_while_the_daemon_appends(
     before = table_stats(setup.table_uri)
     assert before.files >= 200 and before.rows == 2000
 
-    # The daemon keeps ingesting (small files) while the 200 files are compacted.
+    # The daemon keeps ingesting (small files) while the 200 files are compacted: the producer spreads 300
+    # events per partition over more than OPTIMIZE's run, and the daemon commits every 10 of a partition.
     daemon = daemon_factory(setup)
-    producer = BackgroundProducer(setup.topic, 300, start=500, chunk=25, pause_s=0.2)
+    producer = BackgroundProducer(setup.topic, 300, start=500, chunk=10, pause_s=0.6)
     target = max(before.bytes // 4, 64 * 1024)
     report = optimize(spark, setup.table_uri, target_file_size=target)
     produced += producer.join()
@@ -36,6 +37,11 @@ def test_compaction_200_small_files_while_the_daemon_appends(
     assert daemon.stop() == 0
     print(f"\ncompaction: {report.text()}")
 
+    # Delta's commit info: OPTIMIZE read version r and committed as version c; the versions between are the
+    # daemon's appends that landed while it ran (nobody else writes this table), and neither side conflicted.
+    read, commit = report.details["read_version"], report.details["commit_version"]
+    assert read >= before.version and commit > read + 1, report.text()
+    assert report.details["concurrent_commits"] == commit - read - 1
     removed, added = report.details["files_removed"], report.details["files_added"]
     assert removed >= before.files  # every small file of the snapshot it read
     # Delta bins the input files by size: one output file per target_file_size of input.
