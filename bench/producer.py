@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import multiprocessing
 import sys
 import time
 from pathlib import Path
@@ -48,19 +49,44 @@ def _producer(bootstrap: str, settings: dict[str, object]) -> Producer:
     return Producer({"bootstrap.servers": bootstrap, **settings})
 
 
-def produce_backlog(bootstrap: str, topic: str, partitions: int, messages: int, dataset: str) -> dict[str, float]:
+def produce_backlog(
+    bootstrap: str, topic: str, partitions: int, messages: int, dataset: str, workers: int = 2
+) -> dict[str, float]:
     """Produce ``messages`` (a multiple of ``partitions`` is produced: the rest is dropped) round-robin over
-    the partitions; return the count, seconds and payload bytes."""
-    make = DATASETS[dataset].maker()
+    the partitions, from ``workers`` processes that each own a share of the partitions; return the count,
+    seconds and payload bytes."""
     per_partition = messages // partitions
+    base = dt.datetime.now(dt.UTC)
+    shares = [list(range(partitions))[w::workers] for w in range(min(workers, partitions))]
+    started = time.monotonic()
+    if len(shares) == 1:
+        total_bytes = _produce_share(bootstrap, topic, shares[0], per_partition, dataset, base)
+    else:
+        context = multiprocessing.get_context("fork")
+        with context.Pool(len(shares)) as pool:
+            sizes = pool.starmap(
+                _produce_share, [(bootstrap, topic, share, per_partition, dataset, base) for share in shares]
+            )
+        total_bytes = sum(sizes)
+    return {
+        "messages": per_partition * partitions,
+        "seconds": time.monotonic() - started,
+        "bytes": total_bytes,
+    }
+
+
+def _produce_share(
+    bootstrap: str, topic: str, partitions: list[int], per_partition: int, dataset: str, base: dt.datetime
+) -> int:
+    """``per_partition`` messages to each of ``partitions``; returns the payload bytes."""
+    make = DATASETS[dataset].maker()
     producer = _producer(bootstrap, BACKLOG_SETTINGS)
-    stamps = Timestamps(dt.datetime.now(dt.UTC))
+    stamps = Timestamps(base)
     produce = producer.produce
     total_bytes = 0
-    started = time.monotonic()
     for seq in range(per_partition):
         ts = stamps.at(seq)
-        for partition in range(partitions):
+        for partition in partitions:
             value = make(partition, seq, ts)
             total_bytes += len(value)
             while True:
@@ -73,11 +99,7 @@ def produce_backlog(bootstrap: str, topic: str, partitions: int, messages: int, 
             producer.poll(0)
     if producer.flush(300) != 0:
         raise RuntimeError("the producer could not deliver every message")
-    return {
-        "messages": per_partition * partitions,
-        "seconds": time.monotonic() - started,
-        "bytes": total_bytes,
-    }
+    return total_bytes
 
 
 def produce_rate(bootstrap: str, topic: str, partitions: int, rate: float, seconds: float, dataset: str) -> dict:

@@ -5,6 +5,7 @@ python bench/report.py [bench/results/latest.json]   # rewrites latest.md and th
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -234,15 +235,42 @@ def plots(results: dict[str, Any], out: Path) -> list[Path]:
     return written
 
 
+README_START = "<!-- bench:latest (written by bench/report.py --readme) -->"
+README_END = "<!-- /bench:latest -->"
+
+
+def update_readme(results: dict[str, Any], readme: Path) -> bool:
+    """Replace what stands between the README's bench markers with the latest table; False if no markers."""
+    text = readme.read_text()
+    start, end = text.find(README_START), text.find(README_END)
+    if start < 0 or end < start:
+        return False
+    body = markdown(results)
+    plots = (
+        "![catch-up: throughput, CPU, memory](bench/results/throughput.png)\n\n"
+        "![steady rate: latency CDF](bench/results/latency_cdf.png)\n\n"
+        "![scaling: CPU per message](bench/results/scaling.png)"
+    )
+    readme.write_text(f"{text[: start + len(README_START)]}\n{body}\n{plots}\n{text[end:]}")
+    return True
+
+
 def write(results: dict[str, Any], out: Path) -> None:
     (out / "latest.md").write_text(markdown(results) + "\n")
     plots(results, out)
 
 
 def main() -> int:
-    path = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parent / "results" / "latest.json"
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("results", nargs="?", default=str(Path(__file__).resolve().parent / "results" / "latest.json"))
+    parser.add_argument("--readme", action="store_true", help="also put the table into README.md's Performance")
+    args = parser.parse_args()
+    path = Path(args.results)
     results = json.loads(path.read_text())
     write(results, path.parent)
+    if args.readme and not update_readme(results, Path(__file__).resolve().parents[1] / "README.md"):
+        print("README.md has no bench markers", file=sys.stderr)
+        return 1
     print(markdown(results))
     return 0
 
