@@ -31,6 +31,7 @@ import yaml
 
 from kafka2delta import __version__
 from kafka2delta import config as k2d_config
+from kafka2delta.metrics import METRIC_NAMES
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "kafka2delta"
@@ -42,35 +43,6 @@ VALUES_FILES = {
 # Chart.yaml's kubeVersion is >=1.27; kubernetes-validate bundles schemas up to 1.37.
 KUBERNETES_VERSIONS = ("1.27.0", "1.37.0")
 APP_UID = 10001
-# The metric names the dashboard and alerts may use (the daemon's list when it has one).
-CONTRACT_METRICS = (
-    "kafka2delta_messages_consumed_total",
-    "kafka2delta_messages_skipped_total",
-    "kafka2delta_messages_deserialized_total",
-    "kafka2delta_messages_failed_total",
-    "kafka2delta_messages_dead_lettered_total",
-    "kafka2delta_rows_written_total",
-    "kafka2delta_bytes_written_total",
-    "kafka2delta_files_written_total",
-    "kafka2delta_commits_total",
-    "kafka2delta_commit_conflicts_total",
-    "kafka2delta_commit_retries_total",
-    "kafka2delta_storage_retries_total",
-    "kafka2delta_rebalances_total",
-    "kafka2delta_flush_duration_seconds",
-    "kafka2delta_commit_duration_seconds",
-    "kafka2delta_rows_per_commit",
-    "kafka2delta_file_size_bytes",
-    "kafka2delta_end_to_end_latency_seconds",
-    "kafka2delta_consumer_lag",
-    "kafka2delta_buffered_messages",
-    "kafka2delta_buffered_bytes",
-    "kafka2delta_assigned_partitions",
-    "kafka2delta_seconds_since_last_commit",
-    "kafka2delta_last_committed_version",
-    "kafka2delta_last_commit_timestamp_seconds",
-    "kafka2delta_build_info",
-)
 HISTOGRAMS = {
     "kafka2delta_flush_duration_seconds",
     "kafka2delta_commit_duration_seconds",
@@ -449,9 +421,7 @@ def _metric_names(expr: str) -> set[str]:
 
 
 def _known_metrics() -> set[str]:
-    from kafka2delta import metrics
-
-    names = set(getattr(metrics, "METRIC_NAMES", CONTRACT_METRICS))
+    names = set(METRIC_NAMES)
     return names | {f"{h}_{suffix}" for h in HISTOGRAMS & names for suffix in ("bucket", "sum", "count")}
 
 
