@@ -2,8 +2,8 @@
 
     python bench/hotpath.py [--messages 2000000] [--partitions 4] [--dataset json]   # `make bench-profile`
 
-Writes bench/results/profile-<dataset>.txt (the summary below) and profile-<dataset>.collapsed (py-spy's
-collapsed stacks: open with speedscope or flamegraph.pl). The summary gives, as a share of all samples of
+Writes bench/results/profile-<dataset>.txt (the summary below) and profile-<dataset>.collapsed.gz (py-spy's
+collapsed stacks, gzipped: open with speedscope or flamegraph.pl). The summary gives, as a share of all samples of
 the daemon's threads: the time under each of the daemon's functions (inclusive), and the leaf frames (where
 the CPU actually is: Python, Arrow, Parquet, librdkafka, delta-rs).
 """
@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import argparse
 import collections
+import gzip
+import os
 import re
 import shutil
 import sys
@@ -24,6 +26,7 @@ sys.path.insert(0, str(HERE.parent / "dev" / "kafka"))
 
 import daemon  # noqa: E402
 from broker import LocalBroker, create_topic  # noqa: E402
+from measure import load_average  # noqa: E402
 from producer import produce_backlog  # noqa: E402
 from run import BROKER_JVM_OPTS, log  # noqa: E402
 
@@ -110,6 +113,7 @@ def main() -> int:
     parser.add_argument("--out", default=str(HERE / "results"))
     args = parser.parse_args()
     out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="k2d-profile-"))
     collapsed = out / f"profile-{args.dataset}.collapsed"
     try:
@@ -118,24 +122,32 @@ def main() -> int:
             create_topic(broker.bootstrap_servers, topic, args.partitions)
             produced = produce_backlog(broker.bootstrap_servers, topic, args.partitions, args.messages, args.dataset)
             log(f"produced {produced['messages']:,} messages")
-            result = daemon.catchup(
-                broker.bootstrap_servers,
-                topic,
-                int(produced["messages"]),
-                int(produced["bytes"]),
-                args.dataset,
-                work / "daemon",
-                profile=collapsed,
-            )
+            try:
+                result = daemon.catchup(
+                    broker.bootstrap_servers,
+                    topic,
+                    int(produced["messages"]),
+                    int(produced["bytes"]),
+                    args.dataset,
+                    work / "daemon",
+                    profile=collapsed,
+                )
+            except RuntimeError:
+                print((work / "daemon" / "daemon.log").read_text()[-3000:], file=sys.stderr)
+                raise
     finally:
         shutil.rmtree(work, ignore_errors=True)
     header = (
+        f"Load average at the end {load_average()} on {os.cpu_count()} CPUs (shares hold under load; rates do not).\n"
         f"Daemon catch-up under py-spy (--native, 100 Hz): {result['messages']:,} {args.dataset} messages on "
         f"{args.partitions} partitions, three transforms: {result['msgs_per_s']:,} msg/s under the profiler, "
         f"{result['cpu_s_per_million']} CPU s per million.\n\n"
     )
     text = header + summarize(collapsed)
     (out / f"profile-{args.dataset}.txt").write_text(text)
+    with collapsed.open("rb") as raw, gzip.open(f"{collapsed}.gz", "wb") as packed:
+        shutil.copyfileobj(raw, packed)
+    collapsed.unlink()
     print(text)
     return 0
 
