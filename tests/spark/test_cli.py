@@ -3,6 +3,7 @@ cannot get the coordinator's lock skips its turn and exits 0; a table the daemon
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from pathlib import Path
 from typing import Any
@@ -40,7 +41,8 @@ def _config(tmp_path: Path, table: str) -> Path:
 
 def test_busy_lock_skips_the_turn_with_exit_0(spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     table = str(tmp_path / "table")
-    write_deltalake(table, pa.table({"a": [1, 2, 3]}))
+    now = dt.datetime.now(dt.UTC)
+    write_deltalake(table, pa.table({"a": [1, 2, 3], "ts": pa.array([now] * 3, pa.timestamp("us", tz="UTC"))}))
     config_path = _config(tmp_path, table)
     config = load_config(config_path, {})
     holder = open_coordinator(config.coordinator, table)
@@ -50,7 +52,7 @@ def test_busy_lock_skips_the_turn_with_exit_0(spark: Any, tmp_path: Path, capsys
         for argv in (["maintain", "optimize"], ["jobs", "ttl", "--available-now"]):
             args = _parser().parse_args([*argv, "-c", str(config_path), "--json"])
             if argv[0] == "jobs":  # ttl without a topic: retention only
-                config = load_config(config_path, {"K2D_JOBS__RETENTION_COLUMN": "a", "K2D_JOBS__RETENTION_DAYS": "1"})
+                config = load_config(config_path, {"K2D_JOBS__RETENTION_COLUMN": "ts", "K2D_JOBS__RETENTION_DAYS": "1"})
             assert commands.run(args, config) == 0
             report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
             assert (report["status"], report["reason"]) == ("skipped", "lock busy"), report
