@@ -267,7 +267,7 @@ class JobsConfig:
     retention_days: float = 0.0
     """Age in days after which rows are deleted by ``jobs ttl`` (with ``retention_column``); 0: off."""
     checkpoint_dir: str = ""
-    """Where the streaming queries keep their checkpoints (``<dir>/mutate``, ``<dir>/ttl``).
+    """Where the streaming queries keep their checkpoints (``<dir>/<job name>``, e.g. ``<dir>/mutate``).
     Default: ``<table.uri>_checkpoints``."""
     trigger_interval_s: float = 10.0
     """Seconds between two turns of a running job (each turn processes what is available, under the lock)."""
