@@ -17,6 +17,7 @@ import argparse
 import datetime as dt
 import json
 import multiprocessing
+import signal
 import sys
 import time
 from pathlib import Path
@@ -63,7 +64,8 @@ def produce_backlog(
         total_bytes = _produce_share(bootstrap, topic, shares[0], per_partition, dataset, base)
     else:
         context = multiprocessing.get_context("fork")
-        with context.Pool(len(shares)) as pool:
+        # The workers take SIGTERM's default action (the harness's handler would make Pool's exit noisy).
+        with context.Pool(len(shares), initializer=signal.signal, initargs=(signal.SIGTERM, signal.SIG_DFL)) as pool:
             sizes = pool.starmap(
                 _produce_share, [(bootstrap, topic, share, per_partition, dataset, base) for share in shares]
             )

@@ -192,6 +192,7 @@ class Bench:
             "messages": messages,
             "rows": marks["rows"],
             "batches": marks["batches"],
+            "first_batches_rows_ms": marks["first_batches"],
             "wall_s": round(wall, 3),
             "startup_s": round(marks["query_started"] - started, 3),
             "msgs_per_s": round(messages / wall),

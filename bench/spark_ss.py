@@ -84,6 +84,7 @@ def main() -> int:
     )
     query_started = time.time()
     rows_by_batch: dict[int, int] = {}
+    durations: dict[int, int] = {}  # ms per micro-batch that had rows
     first_batch_done: float | None = None
     done: float | None = None
     deadline = time.monotonic() + args.timeout_s
@@ -94,6 +95,8 @@ def main() -> int:
                 raise RuntimeError(str(query.exception()))
             for progress in query.recentProgress:
                 rows_by_batch[progress["batchId"]] = progress["numInputRows"]
+                if progress["numInputRows"]:
+                    durations[progress["batchId"]] = progress["durationMs"].get("triggerExecution", 0)
             if rows_by_batch and first_batch_done is None:
                 first_batch_done = time.time()
             if args.mode == "steady":
@@ -123,6 +126,8 @@ def main() -> int:
                 "batches": len(rows_by_batch),
                 "rows": sum(rows_by_batch.values()),
                 "rows_by_batch_max": max(rows_by_batch.values(), default=0),
+                # (rows, ms) of the first micro-batches with rows: the first one pays the JVM's warm-up.
+                "first_batches": [[rows_by_batch[b], durations[b]] for b in sorted(durations)[:10]],
             }
         ),
         flush=True,
