@@ -91,6 +91,8 @@ class KafkaSource:
         )
         self._settings = settings
         self._consumer: Consumer | None = None  # created in start(): no network in __init__
+        # Where each partition was last assigned or sought: its position until a message is consumed.
+        self._starts: dict[int, int] = {}
 
     @property
     def consumer(self) -> Consumer:
@@ -113,6 +115,7 @@ class KafkaSource:
         def on_assign(consumer: Consumer, partitions: list[TopicPartition]) -> None:
             starts = listener.assigned([tp.partition for tp in partitions])
             positioned = [TopicPartition(self.topic, p, _to_kafka_offset(o)) for p, o in starts.items()]
+            self._starts.update((tp.partition, tp.offset) for tp in positioned)
             if self._cooperative:
                 consumer.incremental_assign(positioned)
             else:
@@ -196,11 +199,43 @@ class KafkaSource:
             logger.warning("Kafka error on %s[%s]@%s: %s", message.topic(), partition, offset, error.str())
 
     def seek(self, partition: int, start: int | LogicalOffset) -> None:
+        target = TopicPartition(self.topic, partition, _to_kafka_offset(start))
         try:
-            self.consumer.seek(TopicPartition(self.topic, partition, _to_kafka_offset(start)))
+            self.consumer.seek(target)
         except KafkaException as exc:
-            # Not assigned any more (a rebalance in between): the next owner starts from the log.
-            logger.info("seek of %s[%d] to %s skipped: %s", self.topic, partition, start, exc)
+            # After an offset-out-of-range error (auto.offset.reset=error) librdkafka refuses to seek the
+            # partition ("Erroneous state") and would never fetch it again: assign it afresh at the offset.
+            if exc.args[0].code() == KafkaError._STATE and self._reassign(target):
+                logger.info(
+                    "%s[%d] re-assigned at %s (librdkafka refused the seek: %s)", self.topic, partition, start, exc
+                )
+            else:
+                # Not assigned any more (a rebalance in between): the next owner starts from the log.
+                logger.info("seek of %s[%d] to %s skipped: %s", self.topic, partition, start, exc)
+                return
+        self._starts[partition] = target.offset
+
+    def _reassign(self, target: TopicPartition) -> bool:
+        """Take ``target``'s partition out of the assignment and put it back at ``target.offset``."""
+        try:
+            assigned = [tp.partition for tp in self.consumer.assignment()]
+            if target.partition not in assigned:
+                return False
+            if self._cooperative:
+                self.consumer.incremental_unassign([TopicPartition(self.topic, target.partition)])
+                self.consumer.incremental_assign([target])
+                return True
+            # Eager: assign() replaces the whole assignment; the others keep their positions (where they
+            # were assigned or sought while nothing was consumed since: never the group's offsets).
+            others = self.consumer.position([TopicPartition(self.topic, p) for p in assigned if p != target.partition])
+            for tp in others:
+                if tp.offset < 0:
+                    tp.offset = self._starts.get(tp.partition, tp.offset)
+            self.consumer.assign([*others, target])
+            return True
+        except KafkaException as exc:
+            logger.warning("re-assigning %s[%d] failed: %s", self.topic, target.partition, exc)
+            return False
 
     def commit_group_offsets(self, next_offsets: Mapping[int, int]) -> None:
         """Record progress in Kafka for lag tools only; recovery never reads it."""

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import socket
 import urllib.request
+from pathlib import Path
 
-from confluent_kafka import TopicPartition
+from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions
 
 from tests.chaos.conftest import (
@@ -111,3 +112,69 @@ def test_committed_offset_deleted_by_retention(setup_factory, daemon_factory, ch
     assert any(" ERROR " in line and "deleted by retention" in line for line in log.splitlines()), log[-3000:]
     chaos_result.notes = f"policy fail: exit 1; policy earliest: jumped over {gone} deleted offsets, counted 1"
     chaos_result.verdict = check(setup)
+
+
+def test_offsets_deleted_by_retention_while_running(setup_factory, daemon_factory, chaos_result: ChaosResult) -> None:
+    """The daemon's next fetch offset is deleted while it runs (it is stuck retrying a read-only table,
+    and librdkafka may prefetch almost nothing): the broker answers OFFSET_OUT_OF_RANGE, and the policy
+    (``earliest``) applies while running, logged at ERROR and counted."""
+    from tests.chaos.test_storage import read_only
+
+    setup = chaos_setup(setup_factory, 1, allowed_latency_s=0.5, max_messages_per_file=scale(500, 5_000))
+    chaos_result.scenario = "next offset deleted by retention while running (policy earliest)"
+    per_step = scale(2_000, 20_000)
+    setup.topic.produce(per_step, payload=poisoned(50))
+    port = _free_port()
+    env = {
+        **FAST_GROUP,
+        "K2D_KAFKA__MISSING_OFFSET_POLICY": "earliest",
+        "K2D_METRICS__PORT": str(port),
+        # Prefetch (almost) nothing ahead of what the loop takes, so the fetch position stays behind.
+        "K2D_KAFKA__SETTINGS__QUEUED_MAX_MESSAGES_KBYTES": "1",
+        "K2D_KAFKA__SETTINGS__QUEUED_MIN_MESSAGES": "1",
+        "K2D_KAFKA__SETTINGS__FETCH_MESSAGE_MAX_BYTES": "1024",
+        "K2D_KAFKA__CONSUME_BATCH_SIZE": "50",
+    }
+    daemon = daemon_factory(setup, env=env)
+    wait_for(lambda: _txn(setup) == per_step - 1, 180, "the first messages committed")
+    table, letters = Path(setup.table_uri), Path(setup.dead_letter_uri)
+    with read_only(table, table / "_delta_log", letters, letters / "_delta_log"):
+        _produce_in_small_batches(setup.topic, per_step, start=per_step)  # the daemon takes some, then blocks
+        wait_for(lambda: "retrying in" in daemon.log(), 60, "the daemon blocked on the read-only table")
+        high = 2 * per_step
+        admin = AdminClient({"bootstrap.servers": setup.topic.bootstrap})
+        cut = high - per_step // 4
+        for future in admin.delete_records([TopicPartition(setup.topic.name, 0, cut)]).values():
+            future.result(60)
+        chaos_result.fault(f"records deleted up to offset {cut} while the daemon ran")
+    setup.topic.produce(per_step // 2, start=high, payload=poisoned(50))
+    end = high + per_step // 2 - 1
+    wait_for(lambda: _txn(setup) == end, 180, "caught up after the jump")
+    metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    counted = [line for line in metrics.splitlines() if line.startswith("kafka2delta_offsets_out_of_range_total{")]
+    stop(daemon)
+    log = daemon.log()
+    assert any(" ERROR " in line and "deleted by retention" in line for line in log.splitlines()), log[-4000:]
+    assert any(line.endswith(" 1.0") for line in counted), counted
+    chaos_result.notes = f"out-of-range events counted: {counted}"
+    chaos_result.verdict = check(setup)
+
+
+def _txn(setup) -> int | None:  # type: ignore[no-untyped-def]
+    """Partition 0's txn version, None before the table exists."""
+    try:
+        return setup.txn_versions()[0]  # type: ignore[no-any-return]
+    except Exception:
+        return None
+
+
+def _produce_in_small_batches(topic: Topic, count: int, start: int) -> None:
+    """Partition 0, 20 messages per record batch: a fetch returns a whole batch, and small ones keep
+    librdkafka's prefetch short."""
+    producer = Producer({"bootstrap.servers": topic.bootstrap, "linger.ms": 0})
+    payload = poisoned(50)
+    for seq in range(start, start + count):
+        producer.produce(topic.name, value=payload(0, seq), partition=0)
+        if seq % 20 == 19:
+            producer.flush(30)
+    assert producer.flush(60) == 0
