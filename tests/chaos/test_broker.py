@@ -76,10 +76,11 @@ def test_broker_killed_and_restarted(
         else f"broker SIGKILL, down {down_s:.0f} s (> session timeout {SESSION_TIMEOUT_S:.0f} s)"
     )
     setup = chaos_setup(setup_factory, 4, max_messages_per_file=scale(1_000, 10_000), allowed_latency_s=0.5)
-    producer = ChaosProducer(setup.topic, per_partition, chunk=scale(200, 1_000), pause_s=scale(5, 10) / 10)
+    producer = ChaosProducer(setup.topic, per_partition, chunk=scale(200, 1_000), pause_s=scale(5, 20) / 10)
     daemons = [daemon_factory(setup, env=FAST_GROUP) for _ in range(2)]
     wait_committed(setup)
     for _ in range(outages):
+        assert not producer.done(), "the fault must come while messages still arrive"
         _outage(private_broker, down_s, chaos_result)
         # The daemons go on once the broker is back: everything produced until then gets committed.
         target = producer.produced

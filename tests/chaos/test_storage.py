@@ -56,13 +56,14 @@ def read_only(*directories: Path) -> Iterator[None]:
 def test_local_table_read_only_for_a_while(setup_factory, daemon_factory, chaos_result: ChaosResult) -> None:
     setup = chaos_setup(setup_factory, 3, max_messages_per_file=scale(500, 5_000), allowed_latency_s=0.5)
     chaos_result.scenario = "local table directory read-only for a while"
-    producer = ChaosProducer(setup.topic, scale(4_000, 40_000), chunk=scale(200, 1_000), pause_s=scale(3, 5) / 10)
+    producer = ChaosProducer(setup.topic, scale(4_000, 40_000), chunk=scale(100, 1_000), pause_s=scale(3, 15) / 10)
     daemon = daemon_factory(setup, env=FAST_GROUP)
     wait_committed(setup)
     table = Path(setup.table_uri)
     wait_for(lambda: Path(setup.dead_letter_uri, "_delta_log").is_dir(), 60, "the dead-letter table")
     directories = [table, table / "_delta_log", Path(setup.dead_letter_uri), Path(setup.dead_letter_uri, "_delta_log")]
     for _ in range(scale(1, 3)):
+        assert not producer.done(), "the fault must come while messages still arrive"
         seconds = scale(8, 20)
         versions = setup.txn_versions()
         with read_only(*directories):
@@ -155,7 +156,7 @@ def test_s3_faults_mid_commit(
         "server_restart": "S3 server stopped and restarted mid-commit",
         "errors": "S3 answering 503 to every request for a while",
     }[fault]
-    producer = ChaosProducer(setup.topic, scale(3_000, 40_000), chunk=scale(200, 1_000), pause_s=scale(3, 5) / 10)
+    producer = ChaosProducer(setup.topic, scale(3_000, 40_000), chunk=scale(100, 1_000), pause_s=scale(8, 15) / 10)
     daemon = daemon_factory(setup, env=FAST_GROUP)
 
     def committed() -> int:
@@ -166,6 +167,7 @@ def test_s3_faults_mid_commit(
     wait_for(lambda: committed() > 0, 180, "a first commit on S3")
     for _ in range(scale(1, 4)):
         time.sleep(scale(2, 4))  # commits every ~0.5 s: the fault lands in one
+        assert not producer.done(), "the fault must come while messages still arrive"
         seconds = scale(5, 10)
         if fault == "server_restart":
             s3.command("stop")
