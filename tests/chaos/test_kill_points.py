@@ -37,7 +37,7 @@ COMMIT_POINTS = [
 def test_kill_at_commit_step_then_restart(setup_factory, daemon_factory, chaos_result: ChaosResult, point: str) -> None:
     per_partition = scale(2_000, 50_000)
     setup = chaos_setup(setup_factory, 3, max_messages_per_file=scale(400, 5_000), allowed_latency_s=0.5)
-    chaos_result.scenario = f"SIGKILL at {point}, restart"
+    chaos_result.scenario = f"SIGKILL at `{point}`, restart in the same group"
     # Half is there at start, half arrives while the daemon runs, crashes and restarts.
     setup.topic.produce(per_partition // 2, payload=poisoned(50))
     producer = ChaosProducer(setup.topic, per_partition // 2, start=per_partition // 2, chunk=scale(100, 1_000))
@@ -72,7 +72,7 @@ def test_kill_during_rebalance_then_restart(
     again (the first is given them back); the first dies inside that rebalance callback."""
     per_partition = scale(3_000, 50_000)
     setup = chaos_setup(setup_factory, 4, max_messages_per_file=scale(500, 5_000), allowed_latency_s=0.5)
-    chaos_result.scenario = f"SIGKILL during a rebalance ({point}), restart"
+    chaos_result.scenario = f"SIGKILL during a rebalance (`{point}`), restart"
     producer = ChaosProducer(setup.topic, per_partition, chunk=scale(100, 1_000))
     # in_assign: hit 1 is the first assignment at start, hit 2 the one after the second daemon leaves.
     first = daemon_factory(setup, env={**FAST_GROUP, "K2D_FAULT_INJECT": f"{point}:{1 if point == 'in_revoke' else 2}"})
