@@ -122,7 +122,7 @@ def test_offsets_deleted_by_retention_while_running(setup_factory, daemon_factor
 
     setup = chaos_setup(setup_factory, 1, allowed_latency_s=0.5, max_messages_per_file=scale(500, 5_000))
     chaos_result.scenario = "next offset deleted by retention while running (policy earliest)"
-    per_step = scale(2_000, 20_000)
+    per_step = scale(1_000, 20_000)
     setup.topic.produce(per_step, payload=poisoned(50))
     port = _free_port()
     env = {
