@@ -26,6 +26,7 @@ from typing import Any
 
 import pyarrow.compute as pc
 import pytest
+from confluent_kafka import Producer
 
 from kafka2delta.batches import PartitionMessages
 from kafka2delta.verify import (
@@ -84,7 +85,8 @@ def poisoned(every: int) -> Callable[[int, int], bytes]:
 
 
 class ChaosProducer:
-    """Produces ``per_partition`` events to every partition in chunks (with poison), in a thread."""
+    """Produces ``per_partition`` events to every partition in chunks (with poison), in a thread. It
+    rides out broker outages: each chunk is flushed until delivered (librdkafka retries)."""
 
     def __init__(
         self,
@@ -103,17 +105,37 @@ class ChaosProducer:
 
     def _run(self) -> None:
         topic, per_partition, every, chunk, pause_s, start = self._args
+        payload = poisoned(every)
+        producer = Producer(
+            {"bootstrap.servers": topic.bootstrap, "linger.ms": 20, "batch.num.messages": 10000, "log_level": 0}
+        )
         try:
             for first in range(start, start + per_partition, chunk):
-                count = min(chunk, start + per_partition - first)
-                topic.produce(count, start=first, payload=poisoned(every))
-                self.produced += count * topic.partitions
+                for seq in range(first, min(first + chunk, start + per_partition)):
+                    for partition in range(topic.partitions):
+                        while True:
+                            try:
+                                producer.produce(topic.name, value=payload(partition, seq), partition=partition)
+                                break
+                            except BufferError:
+                                producer.poll(0.1)
+                deadline = time.monotonic() + 600
+                while producer.flush(5) and time.monotonic() < deadline:
+                    pass  # the broker is away: librdkafka retries until message.timeout.ms
+                assert producer.flush(0) == 0, "messages not delivered in 10 minutes"
+                self.produced += (min(first + chunk, start + per_partition) - first) * topic.partitions
                 time.sleep(pause_s)
-        except BaseException as exc:  # reported by join()
+        except BaseException as exc:  # reported by join() and running()
             self.error = exc
 
     def done(self) -> bool:
         return not self._thread.is_alive()
+
+    def running(self) -> bool:
+        """Still producing (a producer that failed is reported here, not taken for a finished one)."""
+        if self.error is not None:
+            raise AssertionError(f"the producer failed: {self.error!r}") from self.error
+        return not self.done()
 
     def join(self, timeout: float = 900) -> int:
         self._thread.join(timeout)
