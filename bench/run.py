@@ -468,13 +468,15 @@ def main() -> int:
     parser.add_argument("--drain-timeout-s", type=float, default=180.0)
     parser.add_argument("--src", help="run the daemon's package from this checkout (default: this one)")
     parser.add_argument("--work", help="scratch directory (default: a temporary one, removed at the end)")
-    parser.add_argument("--out", default=str(RESULTS), help="where the results go (default bench/results)")
+    parser.add_argument(
+        "--out", help="where the results go (default bench/results; --quick: .k2d/bench-quick, kept out of git)"
+    )
     parser.add_argument("--no-latest", action="store_true", help="do not replace latest.json/md and the plots")
     args = parser.parse_args()
 
     # SIGTERM (make interrupted, a CI timeout) unwinds like Ctrl-C: the broker and any Spark JVM are stopped.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
-    out = Path(args.out)
+    out = Path(args.out) if args.out else (ROOT / ".k2d" / "bench-quick" if args.quick else RESULTS)
     out.mkdir(parents=True, exist_ok=True)
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="k2d-bench-"))
