@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import re
 import resource
 import signal
 import subprocess
@@ -194,7 +195,35 @@ def steady(
                 proc.wait()
     if code != 0:
         raise RuntimeError(f"the daemon exited with {code}; see {log}")
-    return steady_result(table, produced, monitor.peak_rss_mb)
+    result, latencies = steady_result(table, produced, monitor.peak_rss_mb)
+    result["commits_logged"] = _commit_lines(log)
+    return result, latencies
+
+
+_COMMITTED = re.compile(r"committed version (\d+) \((\w+)\).* in ([\d.]+) s$")
+
+
+def _commit_lines(log: Path) -> dict[str, Any]:
+    """Why the daemon committed (latency, records, bytes…) and how long its commits took (write + Delta)."""
+    reasons: dict[str, int] = {}
+    seconds = []
+    for line in log.read_text(errors="replace").splitlines():
+        try:
+            message = str(json.loads(line).get("message", ""))
+        except ValueError:
+            continue
+        match = _COMMITTED.search(message)
+        if match:
+            reasons[match[2]] = reasons.get(match[2], 0) + 1
+            seconds.append(float(match[3]))
+    if not seconds:
+        return {}
+    seconds.sort()
+    return {
+        "reasons": reasons,
+        "commit_s_p50": seconds[len(seconds) // 2],
+        "commit_s_max": seconds[-1],
+    }
 
 
 def warm_then_measure(

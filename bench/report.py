@@ -92,6 +92,13 @@ def markdown(results: dict[str, Any]) -> str:
             f"| peak RSS (MB) | {_n(d.get('peak_rss_mb'))} | {_n(s.get('peak_rss_mb'))} | "
             f"{_ratio(ratios.get('steady_peak_rss_spark_over_daemon'))} |"
         )
+        logged = d.get("commits_logged") or {}
+        if logged:
+            lines.append("")
+            lines.append(
+                f"The daemon's commits during the run (warm-up included): {logged['reasons']}; a commit (Parquet "
+                f"files + Delta log) took {logged['commit_s_p50']} s at the median, {logged['commit_s_max']} s at most."
+            )
         lines.append("")
     scaling = results.get("scaling")
     if scaling:
