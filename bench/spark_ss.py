@@ -5,6 +5,7 @@ Python driver and its JVM) are measured like the daemon's. The session comes fro
 ``kafka2delta.spark.session`` (Delta Lake and the pinned ``spark-sql-kafka-0-10`` jar from Maven Central).
 
 - ``--mode catchup``: ingest the topic's backlog of ``--messages``; stop once the sink has taken them all.
+- ``--mode prefetch``: only start a session, so that Ivy fetches the jars before anything is timed;
 - ``--mode steady``: ingest until the file ``--stop-file`` appears; writes ``--ready-file`` once the first
   (empty) micro-batch is done, so that the harness starts its producer against a running query.
 
@@ -39,7 +40,7 @@ def main() -> int:
     parser.add_argument("--topic", required=True)
     parser.add_argument("--table", required=True)
     parser.add_argument("--checkpoint", required=True)
-    parser.add_argument("--mode", choices=["catchup", "steady"], required=True)
+    parser.add_argument("--mode", choices=["catchup", "steady", "prefetch"], required=True)
     parser.add_argument("--messages", type=int, default=0)
     parser.add_argument("--trigger-s", type=float, default=1.0)
     parser.add_argument("--master", default="local[2]")
@@ -55,6 +56,9 @@ def main() -> int:
         app_name="kafka2delta-bench",
     )
     session_ready = time.time()
+    if args.mode == "prefetch":  # the jars are in Ivy's cache now
+        spark.stop()
+        return 0
     source = (
         spark.readStream.format("kafka")
         .option("kafka.bootstrap.servers", args.bootstrap)
