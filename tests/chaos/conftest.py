@@ -99,6 +99,7 @@ class ChaosProducer:
     ) -> None:
         self.produced = 0
         self.error: BaseException | None = None
+        self._stop = threading.Event()
         self._args = (topic, per_partition, every, chunk, pause_s, start)
         self._thread = threading.Thread(target=self._run, name="chaos-producer", daemon=True)
         self._thread.start()
@@ -111,6 +112,8 @@ class ChaosProducer:
         )
         try:
             for first in range(start, start + per_partition, chunk):
+                if self._stop.is_set():
+                    break
                 for seq in range(first, min(first + chunk, start + per_partition)):
                     for partition in range(topic.partitions):
                         while True:
@@ -136,6 +139,11 @@ class ChaosProducer:
         if self.error is not None:
             raise AssertionError(f"the producer failed: {self.error!r}") from self.error
         return not self.done()
+
+    def stop(self) -> int:
+        """Stop after the chunk in flight (the faults are over); return the messages produced."""
+        self._stop.set()
+        return self.join()
 
     def join(self, timeout: float = 900) -> int:
         self._thread.join(timeout)
