@@ -68,12 +68,14 @@ class ConcurrentWriter:
 def test_concurrent_writer_on_the_same_table(setup_factory, daemon_factory, chaos_result: ChaosResult) -> None:
     setup = chaos_setup(setup_factory, 3, max_messages_per_file=scale(500, 5_000), allowed_latency_s=0.3)
     chaos_result.scenario = "concurrent writer: appends, compactions, a schema change"
-    producer = ChaosProducer(setup.topic, scale(4_000, 60_000), chunk=scale(200, 1_000), pause_s=scale(4, 3) / 10)
+    # Messages arrive until the other writer is done (the cap only bounds a runaway test).
+    producer = ChaosProducer(setup.topic, scale(40_000, 600_000), chunk=scale(200, 1_000), pause_s=scale(4, 3) / 10)
     daemon = daemon_factory(setup, env=FAST_GROUP)
     wait_committed(setup)
     writer = ConcurrentWriter(setup.table_uri, add_column_after=scale(5, 60))
-    producer.join()
-    wait_for(lambda: writer.schema_changes == 1, 60, "the schema change")
+    wait_for(lambda: writer.schema_changes == 1, 120, "the schema change")
+    time.sleep(scale(3, 10))  # more commits of both writers after it
+    producer.stop()
     time.sleep(2)
     writer.stop()
     stop(daemon)
