@@ -122,7 +122,8 @@ def test_offsets_deleted_by_retention_while_running(setup_factory, daemon_factor
 
     setup = chaos_setup(setup_factory, 1, allowed_latency_s=0.5, max_messages_per_file=scale(500, 5_000))
     chaos_result.scenario = "next offset deleted by retention while running (policy earliest)"
-    per_step = scale(1_000, 20_000)
+    # The same size in both forms: with librdkafka's prefetch cut to ~1 KB the daemon takes tens of messages a second.
+    per_step = 1_000
     setup.topic.produce(per_step, payload=poisoned(50))
     port = _free_port()
     env = {
@@ -149,7 +150,7 @@ def test_offsets_deleted_by_retention_while_running(setup_factory, daemon_factor
         chaos_result.fault(f"records deleted up to offset {cut} while the daemon ran")
     setup.topic.produce(per_step // 2, start=high, payload=poisoned(50))
     end = high + per_step // 2 - 1
-    wait_for(lambda: _txn(setup) == end, 180, "caught up after the jump")
+    wait_for(lambda: _txn(setup) == end, 300, "caught up after the jump")
     metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     counted = [line for line in metrics.splitlines() if line.startswith("kafka2delta_offsets_out_of_range_total{")]
     stop(daemon)
