@@ -181,6 +181,8 @@ class DeltaWriter:
         self._app_id = app_id
         self._compression = compression
         self._checkpoint_interval = checkpoint_interval
+        # The txn versions of a commit that landed but whose log refresh failed (the retry returns them).
+        self._landed: dict[int, int] | None = None
         self._filesystem, self._root = _filesystem(uri, storage_options)
         self.schema: pa.Schema = _table_schema(table)
         """The table schema as of the last refresh or commit of this writer."""
@@ -375,12 +377,14 @@ class DeltaWriter:
         run: Callable[[CommitProperties], None],
     ) -> int:
         in_log = self.committed_offsets(versions)
-        moved = {p: v for p, v in in_log.items() if v != expected[p]}
-        if moved and moved == {p: versions[p] for p in moved} and set(moved) >= _moving(expected, versions):
-            # Exactly our versions: an earlier attempt of this very commit landed, and only reading the
-            # log after it failed (see _after_commit). Not a conflict: the data is in the table.
+        landed, self._landed = self._landed, None
+        if landed == dict(versions) and all(in_log[p] == v for p, v in versions.items()):
+            # Our previous attempt of this very commit landed and only reading the log after it failed
+            # (_after_commit). Known from this writer's own state: the same txn versions in the log could
+            # also be another writer's commit of the same range (a zombie must get CommitConflict then).
             logger.info("an earlier attempt of this commit to %s landed (txn versions are ours)", self._uri)
-            return self._after_commit()
+            return self._after_commit(versions)
+        moved = {p: v for p, v in in_log.items() if v != expected[p]}
         if moved:
             raise CommitConflict(moved)
         latest = _table_schema(self._table)
@@ -405,7 +409,7 @@ class DeltaWriter:
             outcome = classify_commit(dict(expected), dict(versions), in_log)
             if all(o is CommitOutcome.COMMITTED for o in outcome.values()):
                 logger.info("the failed commit did land (txn versions are ours)")
-                return self._after_commit()
+                return self._after_commit(versions)
             moved = {p: in_log[p] for p, o in outcome.items() if o is CommitOutcome.MOVED}
             if moved:
                 raise CommitConflict(moved) from exc
@@ -414,13 +418,14 @@ class DeltaWriter:
                     f"a commit landed for some partitions only: {outcome}; the Delta log is inconsistent"
                 ) from exc
             raise RetryableError(f"{'conflicting' if conflict else 'failed'} commit to {self._uri}: {exc}") from exc
-        return self._after_commit()
+        return self._after_commit(versions)
 
-    def _after_commit(self) -> int:
+    def _after_commit(self, versions: Mapping[int, int]) -> int:
         try:
             self._table.update_incremental()
         except (DeltaError, OSError) as exc:
-            # The commit landed; the caller retries and the next attempt finds its txn versions in the log.
+            # The commit landed; the caller retries and the next attempt finds it landed (self._landed).
+            self._landed = dict(versions)
             raise RetryableError(f"committed to {self._uri}, then reading the log failed: {exc}") from exc
         self.schema = _table_schema(self._table)
         version = self._table.version()
@@ -447,11 +452,6 @@ class DeltaWriter:
             return self._table.history(limit)
         except (DeltaError, OSError) as exc:
             raise RetryableError(f"reading history of {self._uri}: {exc}") from exc
-
-
-def _moving(expected: Mapping[int, int | None], versions: Mapping[int, int]) -> set[int]:
-    """The partitions whose txn a commit moves (a dead-letter re-record inside an older window moves none)."""
-    return {p for p, v in versions.items() if v != expected[p]}
 
 
 def _rejected_rows(rows: pa.Table, compression: str, cause: Exception) -> list[tuple[int, Exception]]:
