@@ -1,4 +1,5 @@
-"""What the local dev servers share: ``dev/kafka/broker.py`` (Kafka) and ``dev/registry/registry.py`` (Apicurio).
+"""What the local dev servers share: ``dev/kafka/broker.py`` (Kafka), ``dev/registry/registry.py`` (Apicurio)
+and ``dev/zookeeper/zookeeper.py``.
 
 Both fetch a Java program from Maven Central once into a cache dir outside the repo, run it as a child process
 that leads its own process group and listens on 127.0.0.1 only, keep a pid file and a log in a work dir, and
@@ -225,6 +226,57 @@ def stop_recorded(work_dir: Path, pid: int | None, pid_path: Path, label: str) -
         print(f"{label} pid {pid} stopped", file=sys.stderr)
     with contextlib.suppress(FileNotFoundError):
         pid_path.unlink()
+    return 0
+
+
+# A script's recorded server: (pid, address) if the server recorded in a work dir is alive; and its probe.
+Recorded = Callable[[Path], "tuple[int, str] | None"]
+Answers = Callable[[str, float], bool]
+
+
+def start_or_reuse(
+    label: str,
+    work_dir: Path,
+    wanted: str,
+    recorded: Recorded,
+    answers: Answers,
+    make_server: Callable[[], LocalServer],
+    timeout: float,
+) -> int:
+    """The CLI's ``start``: reuse the server recorded in ``work_dir`` if it answers at ``wanted``, else replace
+    it with ``make_server()``, started and detached. Prints the address on stdout. Exit 0."""
+    rec = recorded(work_dir)
+    if rec is not None:
+        pid, address = rec
+        if address == wanted and answers(address, 5):
+            print(f"{label} already running (pid {pid}) in {work_dir}", file=sys.stderr)
+            print(address)
+            return 0
+        print(f"replacing {label} pid {pid} in {work_dir}", file=sys.stderr)
+        stop_pid(pid)
+    server = make_server()
+    t0 = time.monotonic()
+    address = server.start(timeout=timeout)  # type: ignore[call-arg]  # every subclass's start takes a timeout
+    elapsed = time.monotonic() - t0
+    print(f"{label} started (pid {server.pid}) in {elapsed:.1f}s; log: {server.log_path}", file=sys.stderr)
+    server._detach()
+    print(address)
+    return 0
+
+
+def stop_recorded_server(label: str, work_dir: Path, recorded: Recorded, pid_file: str) -> int:
+    """The CLI's ``stop`` for a server whose record is (pid, address)."""
+    rec = recorded(work_dir)
+    return stop_recorded(work_dir, rec[0] if rec else None, work_dir / pid_file, label)
+
+
+def print_status(work_dir: Path, recorded: Recorded, answers: Answers) -> int:
+    """The CLI's ``status``: the address if the recorded server answers (exit 0), else exit 1."""
+    rec = recorded(work_dir)
+    if rec is None or not answers(rec[1], 5):
+        print("not running", file=sys.stderr)
+        return 1
+    print(rec[1])
     return 0
 
 

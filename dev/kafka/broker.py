@@ -53,10 +53,11 @@ from local_server import (  # noqa: E402
     jvm_options,
     mvn_copy_dependencies,
     pom_property,
+    print_status,
     recorded_pid,
     run_cli,
-    stop_pid,
-    stop_recorded,
+    start_or_reuse,
+    stop_recorded_server,
 )
 
 POM = HERE / "pom.xml"
@@ -346,40 +347,19 @@ def _recorded(work_dir: Path) -> tuple[int, str] | None:
 def _cmd_start(args: argparse.Namespace) -> int:
     work_dir = Path(args.dir).resolve()
     wanted = f"127.0.0.1:{args.port}"
-    rec = _recorded(work_dir)
-    if rec is not None:
-        pid, bootstrap = rec
-        if bootstrap == wanted and _answers(bootstrap, timeout=5):
-            print(f"kafka already running (pid {pid}) in {work_dir}", file=sys.stderr)
-            print(bootstrap)
-            return 0
-        print(f"replacing kafka pid {pid} in {work_dir}", file=sys.stderr)
-        stop_pid(pid)
-    broker = LocalBroker(work_dir, port=args.port, controller_port=args.controller_port)
-    t0 = time.monotonic()
-    bootstrap = broker.start(timeout=args.timeout)
-    print(
-        f"kafka started (pid {broker.pid}) in {time.monotonic() - t0:.1f}s; log: {broker.log_path}",
-        file=sys.stderr,
-    )
-    broker._detach()
-    print(bootstrap)
-    return 0
+
+    def server() -> LocalBroker:  # made only when the recorded one is not reused
+        return LocalBroker(work_dir, port=args.port, controller_port=args.controller_port)
+
+    return start_or_reuse("kafka", work_dir, wanted, _recorded, _answers, server, args.timeout)
 
 
 def _cmd_stop(args: argparse.Namespace) -> int:
-    work_dir = Path(args.dir).resolve()
-    rec = _recorded(work_dir)
-    return stop_recorded(work_dir, rec[0] if rec else None, work_dir / LocalBroker.PID_FILE, "kafka")
+    return stop_recorded_server("kafka", Path(args.dir).resolve(), _recorded, LocalBroker.PID_FILE)
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    rec = _recorded(Path(args.dir).resolve())
-    if rec is None or not _answers(rec[1], timeout=5):
-        print("not running", file=sys.stderr)
-        return 1
-    print(rec[1])
-    return 0
+    return print_status(Path(args.dir).resolve(), _recorded, _answers)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

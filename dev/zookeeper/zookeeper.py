@@ -45,10 +45,11 @@ from local_server import (  # noqa: E402
     jvm_options,
     mvn_copy_dependencies,
     pom_property,
+    print_status,
     recorded_pid,
     run_cli,
-    stop_pid,
-    stop_recorded,
+    start_or_reuse,
+    stop_recorded_server,
 )
 
 POM = HERE / "pom.xml"
@@ -229,38 +230,19 @@ def _recorded(work_dir: Path) -> tuple[int, str] | None:
 def _cmd_start(args: argparse.Namespace) -> int:
     work_dir = Path(args.dir).resolve()
     wanted = f"127.0.0.1:{args.port}"
-    rec = _recorded(work_dir)
-    if rec is not None:
-        pid, hosts = rec
-        if hosts == wanted and _answers(hosts, timeout=5):
-            print(f"zookeeper already running (pid {pid}) in {work_dir}", file=sys.stderr)
-            print(hosts)
-            return 0
-        print(f"replacing zookeeper pid {pid} in {work_dir}", file=sys.stderr)
-        stop_pid(pid)
-    server = LocalZooKeeper(work_dir, port=args.port)
-    t0 = time.monotonic()
-    hosts = server.start(timeout=args.timeout)
-    elapsed = time.monotonic() - t0
-    print(f"zookeeper started (pid {server.pid}) in {elapsed:.1f}s; log: {server.log_path}", file=sys.stderr)
-    server._detach()
-    print(hosts)
-    return 0
+
+    def server() -> LocalZooKeeper:  # made only when the recorded one is not reused
+        return LocalZooKeeper(work_dir, port=args.port)
+
+    return start_or_reuse("zookeeper", work_dir, wanted, _recorded, _answers, server, args.timeout)
 
 
 def _cmd_stop(args: argparse.Namespace) -> int:
-    work_dir = Path(args.dir).resolve()
-    rec = _recorded(work_dir)
-    return stop_recorded(work_dir, rec[0] if rec else None, work_dir / LocalZooKeeper.PID_FILE, "zookeeper")
+    return stop_recorded_server("zookeeper", Path(args.dir).resolve(), _recorded, LocalZooKeeper.PID_FILE)
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    rec = _recorded(Path(args.dir).resolve())
-    if rec is None or not _answers(rec[1], timeout=5):
-        print("not running", file=sys.stderr)
-        return 1
-    print(rec[1])
-    return 0
+    return print_status(Path(args.dir).resolve(), _recorded, _answers)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
