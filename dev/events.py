@@ -19,7 +19,11 @@ EVENT_SCHEMA = {
 
 
 def make_event(partition: int, seq: int, now: dt.datetime) -> bytes:
-    ts = (now + dt.timedelta(microseconds=seq)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return event_json(partition, seq, (now + dt.timedelta(microseconds=seq)).strftime("%Y-%m-%dT%H:%M:%S.%fZ"))
+
+
+def event_json(partition: int, seq: int, ts: str) -> bytes:
+    """The event ``seq`` of ``partition`` with the RFC 3339 timestamp ``ts`` (also the benchmark's ``json``)."""
     return (
         f'{{"id":"p{partition}-{seq}","type":"{EVENT_TYPES[seq % 4]}","amount":{seq % 1000 / 10},'
         f'"ts":"{ts}","user":{{"id":{seq % 100_003},"country":"{COUNTRIES[seq % 6]}"}},'
