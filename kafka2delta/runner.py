@@ -335,17 +335,16 @@ class Ingestor:
     def _give_up_flush(self, reason: str, partitions: set[int] | None) -> None:
         """No turn: commit nothing. Each partition goes back to its committed offset (a revoked one is replayed
         by its next owner), so no later commit can skip these messages."""
-        held = self._held(partitions)
-        messages = sum(buffer.messages for p in held if (buffer := self._buffers.drop(p)) is not None)
+        dropped = self._buffers.take(partitions)
         logger.warning(
             "coordinator: no ingest turn for the %s flush (%s); %d buffered messages of %s not committed, "
             "they will be read again from the committed offsets",
             reason,
             self._coordinator.last_skip if self._coordinator else "",
-            messages,
-            ", ".join(f"{self._topic}[{p}]" for p in sorted(held)),
+            sum(buffer.messages for buffer in dropped.values()),
+            ", ".join(f"{self._topic}[{p}]" for p in dropped),
         )
-        for partition in held:
+        for partition in dropped:
             self._resync(partition)
 
     def _held(self, partitions: set[int] | None) -> list[int]:
