@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -66,8 +67,9 @@ def test_local_table_read_only_for_a_while(setup_factory, daemon_factory, chaos_
     for _ in range(scale(1, 3)):
         assert producer.running(), "the fault must come while messages still arrive"
         seconds = scale(8, 20)
-        versions = setup.txn_versions()
         with read_only(*directories):
+            # Read once no log entry can be created: a commit may land just before the chmod.
+            versions = setup.txn_versions()
             chaos_result.fault(f"read-only {seconds} s")
             time.sleep(seconds)
             assert setup.txn_versions() == versions, "nothing can be committed while read-only"
@@ -79,6 +81,45 @@ def test_local_table_read_only_for_a_while(setup_factory, daemon_factory, chaos_
     retries = daemon.log().count("retrying in")
     assert retries > 0, "the daemon should have retried while the table was read-only"
     chaos_result.notes = f"{retries} retried operations logged"
+    drain(daemon_factory, setup)
+    chaos_result.verdict = check(setup)
+
+
+def test_storage_outage_longer_than_the_retry_budget(setup_factory, daemon_factory, chaos_result: ChaosResult) -> None:
+    """The table stays unwritable past ``ingest.max_commit_retries``: the daemon exits 1 naming the
+    operation (its orchestrator restarts it), holding no offset it did not commit; the restart, once
+    storage is back, replays from the Delta log."""
+    setup = chaos_setup(setup_factory, 3, max_messages_per_file=scale(500, 5_000), allowed_latency_s=0.5)
+    chaos_result.scenario = "local table read-only past the retry budget: exit 1, restart"
+    budget = {"K2D_INGEST__MAX_COMMIT_RETRIES": "2"}  # backoff 0.5 s + 1 s, then the daemon gives up
+    producer = ChaosProducer(setup.topic, scale(20_000, 200_000), chunk=scale(100, 1_000), pause_s=scale(3, 10) / 10)
+    daemon = daemon_factory(setup, env={**FAST_GROUP, **budget})
+    wait_committed(setup)
+    table = Path(setup.table_uri)
+    wait_for(lambda: Path(setup.dead_letter_uri, "_delta_log").is_dir(), 60, "the dead-letter table")
+    directories = [table, table / "_delta_log", Path(setup.dead_letter_uri), Path(setup.dead_letter_uri, "_delta_log")]
+    exits: list[int] = []
+    operations: list[str] = []
+    for _ in range(scale(1, 3)):
+        assert producer.running(), "the fault must come while messages still arrive"
+        with read_only(*directories):
+            versions = setup.txn_versions()  # after the chmod: a commit may land just before it
+            chaos_result.fault("read-only until the daemon gives up")
+            exits.append(daemon.wait(60))
+            assert setup.txn_versions() == versions, "nothing can be committed while read-only"
+        log = daemon.log()
+        assert exits[-1] == 1, log[-3000:]
+        given_up = re.search(r"fatal: (.+?) still failing after 2 retries", log)
+        assert given_up, log[-3000:]
+        operations.append(given_up.group(1))
+        # What an orchestrator does: start it again, now that the storage is back.
+        daemon = daemon_factory(setup, env={**FAST_GROUP, **budget})
+        chaos_result.fault("daemon restart")
+        target = producer.produced
+        wait_for(lambda t=target: len(setup.ids()) + len(setup.dead_letters()) >= t, 180, "commits after the restart")
+    producer.stop()
+    stop(daemon)
+    chaos_result.notes = f"daemon exit codes {exits}; gave up on: {'; '.join(operations)}"
     drain(daemon_factory, setup)
     chaos_result.verdict = check(setup)
 
