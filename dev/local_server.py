@@ -256,7 +256,7 @@ def start_or_reuse(
         stop_pid(pid)
     server = make_server()
     t0 = time.monotonic()
-    address = server.start(timeout=timeout)  # type: ignore[call-arg]  # every subclass's start takes a timeout
+    address = server.start(timeout=timeout)
     elapsed = time.monotonic() - t0
     print(f"{label} started (pid {server.pid}) in {elapsed:.1f}s; log: {server.log_path}", file=sys.stderr)
     server._detach()
@@ -366,9 +366,10 @@ class LocalServer(ABC):
     # -- what a subclass provides
 
     @abstractmethod
-    def start(self) -> str:
-        """Start the server and block until it is ready; returns :attr:`_address`. (Subclasses add ``timeout``
-        and ``fresh``, all optional, so that ``with server:`` can call it bare.)"""
+    def start(self, timeout: float = ..., *, fresh: bool = True) -> str:
+        """Start the server and block until it is ready (``timeout`` seconds); returns :attr:`_address`. Every
+        argument is optional (each subclass has its own default timeout), so that ``with server:`` can call it
+        bare."""
 
     @property
     @abstractmethod
