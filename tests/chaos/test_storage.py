@@ -24,6 +24,7 @@ from tests.chaos.conftest import (
     ROOT,
     ChaosProducer,
     ChaosResult,
+    Setup,
     chaos_setup,
     check,
     drain,
@@ -54,16 +55,30 @@ def read_only(*directories: Path) -> Iterator[None]:
             directory.chmod(mode)
 
 
+def _local_producer(setup: Setup) -> ChaosProducer:
+    """Messages arrive until the faults are over (the cap only bounds a runaway test)."""
+    return ChaosProducer(setup.topic, scale(20_000, 200_000), chunk=scale(100, 1_000), pause_s=scale(3, 10) / 10)
+
+
+def _table_directories(setup: Setup) -> list[Path]:
+    """Where a commit creates entries: both tables' directories and logs, once the dead-letter table exists."""
+    wait_for(lambda: Path(setup.dead_letter_uri, "_delta_log").is_dir(), 60, "the dead-letter table")
+    table, letters = Path(setup.table_uri), Path(setup.dead_letter_uri)
+    return [table, table / "_delta_log", letters, letters / "_delta_log"]
+
+
+def _wait_all_committed(setup: Setup, target: int, what: str) -> None:
+    """Until rows plus dead letters reach ``target`` messages."""
+    wait_for(lambda: len(setup.ids()) + len(setup.dead_letters()) >= target, 180, what)
+
+
 def test_local_table_read_only_for_a_while(setup_factory, daemon_factory, chaos_result: ChaosResult) -> None:
     setup = chaos_setup(setup_factory, 3, max_messages_per_file=scale(500, 5_000), allowed_latency_s=0.5)
     chaos_result.scenario = "local table directory read-only for a while"
-    # Messages arrive until the faults are over (the cap only bounds a runaway test).
-    producer = ChaosProducer(setup.topic, scale(20_000, 200_000), chunk=scale(100, 1_000), pause_s=scale(3, 10) / 10)
+    producer = _local_producer(setup)
     daemon = daemon_factory(setup, env=FAST_GROUP)
     wait_committed(setup)
-    table = Path(setup.table_uri)
-    wait_for(lambda: Path(setup.dead_letter_uri, "_delta_log").is_dir(), 60, "the dead-letter table")
-    directories = [table, table / "_delta_log", Path(setup.dead_letter_uri), Path(setup.dead_letter_uri, "_delta_log")]
+    directories = _table_directories(setup)
     for _ in range(scale(1, 3)):
         assert producer.running(), "the fault must come while messages still arrive"
         seconds = scale(8, 20)
@@ -74,8 +89,7 @@ def test_local_table_read_only_for_a_while(setup_factory, daemon_factory, chaos_
             time.sleep(seconds)
             assert setup.txn_versions() == versions, "nothing can be committed while read-only"
             assert daemon.process.poll() is None, daemon.log()[-3000:]
-        target = producer.produced
-        wait_for(lambda t=target: len(setup.ids()) + len(setup.dead_letters()) >= t, 180, "commits after the fault")
+        _wait_all_committed(setup, producer.produced, "commits after the fault")
     producer.stop()
     stop(daemon)
     retries = daemon.log().count("retrying in")
@@ -92,12 +106,10 @@ def test_storage_outage_longer_than_the_retry_budget(setup_factory, daemon_facto
     setup = chaos_setup(setup_factory, 3, max_messages_per_file=scale(500, 5_000), allowed_latency_s=0.5)
     chaos_result.scenario = "local table read-only past the retry budget: exit 1, restart"
     budget = {"K2D_INGEST__MAX_COMMIT_RETRIES": "2"}  # backoff 0.5 s + 1 s, then the daemon gives up
-    producer = ChaosProducer(setup.topic, scale(20_000, 200_000), chunk=scale(100, 1_000), pause_s=scale(3, 10) / 10)
+    producer = _local_producer(setup)
     daemon = daemon_factory(setup, env={**FAST_GROUP, **budget})
     wait_committed(setup)
-    table = Path(setup.table_uri)
-    wait_for(lambda: Path(setup.dead_letter_uri, "_delta_log").is_dir(), 60, "the dead-letter table")
-    directories = [table, table / "_delta_log", Path(setup.dead_letter_uri), Path(setup.dead_letter_uri, "_delta_log")]
+    directories = _table_directories(setup)
     exits: list[int] = []
     operations: list[str] = []
     for _ in range(scale(1, 3)):
@@ -115,8 +127,7 @@ def test_storage_outage_longer_than_the_retry_budget(setup_factory, daemon_facto
         # What an orchestrator does: start it again, now that the storage is back.
         daemon = daemon_factory(setup, env={**FAST_GROUP, **budget})
         chaos_result.fault("daemon restart")
-        target = producer.produced
-        wait_for(lambda t=target: len(setup.ids()) + len(setup.dead_letters()) >= t, 180, "commits after the restart")
+        _wait_all_committed(setup, producer.produced, "commits after the restart")
     producer.stop()
     stop(daemon)
     chaos_result.notes = f"daemon exit codes {exits}; gave up on: {'; '.join(operations)}"
