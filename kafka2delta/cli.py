@@ -20,9 +20,9 @@ from kafka2delta import __version__, faults, verify
 from kafka2delta.coercions import CoercionOptions
 from kafka2delta.config import Config, load_config
 from kafka2delta.coordinator import open_coordinator
-from kafka2delta.dead_letters import DeadLetterTable, DeadLetterTopic
+from kafka2delta.dead_letters import DeadLetterTable
 from kafka2delta.errors import ConfigError, FatalError, Kafka2DeltaError, RetryableError
-from kafka2delta.kafka import KafkaSource, high_watermarks, topic_partitions
+from kafka2delta.kafka import DeadLetterTopic, KafkaSource, high_watermarks, topic_partitions
 from kafka2delta.logs import setup_logging
 from kafka2delta.metrics import Metrics
 from kafka2delta.offsets import txn_app_id
@@ -125,7 +125,10 @@ def _ingest(config: Config, until_caught_up: bool) -> int:
     fault = os.environ.get("K2D_FAULT_INJECT")
     if fault:
         faults.arm(fault)
-    logger.info("kafka2delta %s starting: %s", __version__, config.masked())
+    logger.info("kafka2delta %s starting", __version__)
+    for line in config.summary():
+        logger.info("  %s", line)
+    logger.debug("full configuration (secrets masked): %s", config.masked())
     writer = _open_writer(config, create=True)
     metrics = Metrics()
     # Headers cost a little per message: read them only when an expression can see the kafka object.
@@ -151,7 +154,14 @@ def _ingest(config: Config, until_caught_up: bool) -> int:
     if coordinator is not None:
         logger.info("joined the job coordinator (%s) on %s", config.coordinator.backend, coordinator.resource)
     ingestor = Ingestor(
-        config, source, writer, pipeline, dead_letters, metrics, dead_letter_topic, coordinator=coordinator
+        config,
+        source=source,
+        writer=writer,
+        pipeline=pipeline,
+        dead_letters=dead_letters,
+        metrics=metrics,
+        dead_letter_topic=dead_letter_topic,
+        coordinator=coordinator,
     )
 
     def stop(signum: int, frame: FrameType | None) -> None:

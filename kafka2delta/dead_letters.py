@@ -1,36 +1,33 @@
-"""Dead letters: messages that failed a stage. Never dropped silently, never blocking the stream.
+"""The dead-letter table (an edge): messages that failed a stage, never dropped, never blocking the stream.
 
-They go to a dead-letter Delta table, exactly once like the main table: each dead-letter commit
-carries a txn per Kafka partition (``<app_id>-dlq-<partition>``) whose version means "every dead
-letter of this partition up to this offset is recorded", and it is made BEFORE the main table's
-commit of the same batch. After a crash between the two commits the replay finds, for offsets in
-(main txn, dead-letter txn], which ones are already dead letters (:meth:`DeadLetterTable.recorded_offsets`)
-and takes them as final: no duplicate dead letter, none lost, and no message both a row and a
-dead letter. Optionally each dead letter is also produced to a Kafka topic (at least once: it is
-produced before the table commit, so a retry can produce it twice).
+The record itself is :class:`kafka2delta.records.DeadLetter`. Dead letters go to a dead-letter Delta
+table, exactly once like the main table: each dead-letter commit carries a txn per Kafka partition
+(``<app_id>-dlq-<partition>``) whose version means "every dead letter of this partition up to this
+offset is recorded", and it is made BEFORE the main table's commit of the same batch. After a crash
+between the two commits the replay finds, for offsets in (main txn, dead-letter txn], which ones are
+already dead letters (:meth:`DeadLetterTable.recorded_offsets`) and takes them as final: no
+duplicate dead letter, none lost, and no message both a row and a dead letter. Optionally each dead
+letter is also produced to a Kafka topic (:class:`kafka2delta.kafka.DeadLetterTopic`; at least once:
+it is produced before the table commit, so a retry can produce it twice).
 """
 
 from __future__ import annotations
 
 import base64
 import datetime as dt
-import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from decimal import Decimal
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from confluent_kafka import KafkaException, Producer
 
-from kafka2delta.errors import FatalError, RetryableError, SchemaChanged
-from kafka2delta.writer import DeltaWriter, OffsetRange
+from kafka2delta.errors import FatalError, SchemaChanged
+from kafka2delta.records import DeadLetter, OffsetRange
+from kafka2delta.writer import DeltaWriter
 
 logger = logging.getLogger(__name__)
 
-STAGES = ("deserialize", "transform", "coerce", "write")
 DEAD_LETTER_SCHEMA = pa.schema(
     [
         pa.field("app_id", pa.string(), nullable=False),
@@ -48,46 +45,6 @@ DEAD_LETTER_SCHEMA = pa.schema(
     ]
 )
 PARTITION_BY = ("date",)
-
-
-@dataclass(frozen=True)
-class DeadLetter:
-    topic: str
-    partition: int
-    offset: int
-    stage: str
-    reason: str
-    payload: bytes
-    key: bytes | None = None
-    timestamp_ms: int | None = None
-    payload_json: str | None = None
-    """The message as JSON text when it parsed: the JSON payload itself, or the decoded document."""
-
-    @property
-    def where(self) -> str:
-        return f"{self.topic}[{self.partition}]@{self.offset}"
-
-
-def payload_json(payload: bytes, document: Any = None) -> str | None:
-    """The JSON text shown in ``payload_json``: the decoded document if there is one, else the payload
-    if it is valid JSON, else None."""
-    try:
-        if document is not None:
-            return json.dumps(document, default=_json_default, ensure_ascii=False, separators=(",", ":"))
-        json.loads(payload)
-        return payload.decode("utf-8")
-    except (ValueError, UnicodeDecodeError, RecursionError):  # not JSON, or too deep to show
-        return None
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, (bytes, bytearray)):
-        return base64.b64encode(value).decode("ascii")
-    if isinstance(value, (dt.datetime, dt.date, dt.time)):
-        return value.isoformat()
-    if isinstance(value, Decimal):
-        return str(value)
-    return repr(value)
 
 
 def _b64(data: bytes | None) -> str | None:
@@ -190,7 +147,6 @@ class DeadLetterTable:
             # Someone altered the dead-letter table. Our files stay valid as long as every column we
             # write is still there with its type (added columns read as null for our rows).
             schema = changed.schema
-            assert isinstance(schema, pa.Schema)
             missing = [
                 f.name for f in DEAD_LETTER_SCHEMA if f.name not in schema.names or schema.field(f.name).type != f.type
             ]
@@ -200,51 +156,3 @@ class DeadLetterTable:
                 ) from changed
             logger.warning("the dead-letter table %s was altered (now %s); committing into it", self.uri, schema)
             return self._writer.commit(actions, expected, versions, metadata)
-
-
-class DeadLetterTopic:
-    """Produces dead letters to a Kafka topic: the original key and payload, the reason in headers."""
-
-    def __init__(self, bootstrap_servers: str, settings: Mapping[str, str], topic: str) -> None:
-        self._topic = topic
-        self._producer = Producer(
-            {
-                **{k: v for k, v in settings.items() if not k.startswith(("partition.", "queued.", "fetch."))},
-                "bootstrap.servers": bootstrap_servers,
-                "enable.idempotence": True,
-                "linger.ms": 20,
-            }
-        )
-
-    def produce(self, letters: Sequence[DeadLetter]) -> None:
-        """Deliver every letter or raise RetryableError (the caller holds the offsets and retries)."""
-        failures: list[str] = []
-
-        def delivered(error: Any, message: Any) -> None:
-            if error is not None:
-                failures.append(str(error))
-
-        try:
-            for letter in letters:
-                headers: list[tuple[str, str | bytes | None]] = [
-                    ("kafka2delta.error", letter.reason.encode()),
-                    ("kafka2delta.stage", letter.stage.encode()),
-                    ("kafka2delta.topic", letter.topic.encode()),
-                    ("kafka2delta.partition", str(letter.partition).encode()),
-                    ("kafka2delta.offset", str(letter.offset).encode()),
-                ]
-                while True:
-                    try:
-                        self._producer.produce(
-                            self._topic, value=letter.payload, key=letter.key, headers=headers, on_delivery=delivered
-                        )
-                        break
-                    except BufferError:
-                        self._producer.poll(0.1)
-            remaining = self._producer.flush(30)
-        except KafkaException as exc:
-            raise RetryableError(f"producing dead letters to {self._topic}: {exc}") from exc
-        if remaining or failures:
-            raise RetryableError(
-                f"producing dead letters to {self._topic}: {remaining} undelivered, errors {failures[:3]}"
-            )

@@ -4,17 +4,29 @@
 
     Kafka2DeltaError
      ├── ConfigError          bad configuration; the CLI exits with code 2
-     ├── MessageError         one message cannot be handled; it becomes a dead letter
+     ├── MessageError         one message cannot be handled; it becomes a dead letter (with its stage)
+     ├── RowsRejected         Parquet refused particular rows of a batch; they become dead letters (stage write)
      ├── RetryableError       storage or broker hiccup; back off and retry, offsets stay put
      ├── CommitConflict       another writer moved a partition's txn version; resync from the log
      ├── SchemaChanged        someone else changed the table's schema; rebuild the stages and replay
      └── FatalError           the daemon cannot go on; exit non-zero
 
-Third-party exceptions are caught only in their adapter (``kafka.py``, ``writer.py``) and
-re-raised as one of these with ``raise ... from exc``.
+Third-party exceptions are caught only in the edge that calls the library, and re-raised as one of
+these with ``raise ... from exc``: ``kafka.py`` (confluent-kafka: the consumer and the dead-letter
+producer), ``writer.py`` (deltalake, Parquet, pyarrow's file systems),
+``registry.py`` (HTTP), ``coordinator.py`` (ZooKeeper, lock files), ``status.py`` (the HTTP server),
+``verify.py`` (the independent checker reads the topic and the tables with clients of its own) and
+``spark/`` (PySpark and py4j). The pure stages only raise these.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from kafka2delta.records import Stage
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 
 class Kafka2DeltaError(Exception):
@@ -33,10 +45,20 @@ class ConfigError(Kafka2DeltaError):
 class MessageError(Kafka2DeltaError):
     """A single message failed a stage; it goes to the dead letters, the stream goes on."""
 
-    def __init__(self, stage: str, reason: str) -> None:
+    def __init__(self, stage: Stage, reason: str) -> None:
         super().__init__(f"{stage}: {reason}")
-        self.stage = stage
+        self.stage: Stage = stage
         self.reason = reason
+
+
+class RowsRejected(Kafka2DeltaError):
+    """Parquet refused some rows of a batch (never the whole batch for one bad row): they become
+    dead letters (stage ``write``) and the rest is written again."""
+
+    def __init__(self, failures: list[tuple[int, Exception]]) -> None:
+        super().__init__(f"{len(failures)} rows could not be written as Parquet")
+        self.failures = failures
+        """(row position in the batch, the error) per refused row."""
 
 
 class RetryableError(Kafka2DeltaError):
@@ -55,9 +77,10 @@ class CommitConflict(Kafka2DeltaError):
 class SchemaChanged(Kafka2DeltaError):
     """The table's schema is not the one the buffered rows were fitted to (another writer changed it)."""
 
-    def __init__(self, uri: str, schema: object) -> None:
+    def __init__(self, uri: str, schema: pa.Schema) -> None:
         super().__init__(f"the schema of {uri} changed under us")
         self.schema = schema
+        """The table's schema now."""
 
 
 class FatalError(Kafka2DeltaError):

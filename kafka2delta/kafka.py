@@ -1,8 +1,11 @@
-"""The Kafka edge: a thin wrapper over confluent-kafka's Consumer.
+"""The Kafka edge: thin wrappers over confluent-kafka for the daemon: the consumer the loop reads
+(:class:`KafkaSource`), the producer of the optional dead-letter topic (:class:`DeadLetterTopic`) and
+metadata probes. confluent-kafka's exceptions are caught here (and, for its own independent reads,
+in ``verify.py``), and re-raised as ours.
 
 The start offset of every partition is set inside the assignment itself (never fetch, then seek):
 the rebalance callbacks ask a :class:`RebalanceListener` where each partition starts, and
-assign with those offsets. confluent-kafka's exceptions are caught here and nowhere else.
+assign with those offsets.
 """
 
 from __future__ import annotations
@@ -10,9 +13,8 @@ from __future__ import annotations
 import gc
 import itertools
 import logging
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any, Protocol, cast
+from collections.abc import Mapping, Sequence
+from typing import Any, cast
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
@@ -21,13 +23,15 @@ from confluent_kafka import (
     KafkaError,
     KafkaException,
     Message,
+    Producer,
     TopicPartition,
 )
 
-from kafka2delta.batches import PartitionMessages
 from kafka2delta.config import KafkaConfig
+from kafka2delta.edges import RebalanceListener
 from kafka2delta.errors import FatalError, RetryableError
 from kafka2delta.offsets import LogicalOffset
+from kafka2delta.records import ConsumedBatch, DeadLetter, PartitionMessages
 
 logger = logging.getLogger(__name__)
 
@@ -43,31 +47,9 @@ _DEFAULT_SETTINGS = {
 }
 
 
-class RebalanceListener(Protocol):
-    def assigned(self, partitions: list[int]) -> dict[int, int | LogicalOffset]:
-        """Partitions given to us; return where each starts."""
-        ...
-
-    def revoked(self, partitions: list[int]) -> None:
-        """Partitions taken from us in an orderly way: commit what is buffered for them now."""
-        ...
-
-    def lost(self, partitions: list[int]) -> None:
-        """Partitions taken from us without notice: another owner may already commit them."""
-        ...
-
-
-@dataclass
-class ConsumedBatch:
-    """One consume call: messages grouped by partition, plus end-of-partition and range events."""
-
-    partitions: dict[int, PartitionMessages] = field(default_factory=dict)
-    end_offsets: dict[int, int] = field(default_factory=dict)
-    out_of_range: list[int] = field(default_factory=list)
-    count: int = 0
-
-
 class KafkaSource:
+    """The consumer of one topic in the group: the loop's :class:`kafka2delta.edges.Source`."""
+
     def __init__(self, config: KafkaConfig, *, partition_eof: bool = False, with_headers: bool = True) -> None:
         """``with_headers=False`` skips reading headers (only transforms use them)."""
         self._config = config
@@ -172,7 +154,14 @@ class KafkaSource:
             group = batch.partitions.get(partition)
             if group is None:
                 group = batch.partitions[partition] = PartitionMessages(
-                    self.topic, partition, [], [], [], [], [] if headers is not None else None, []
+                    topic=self.topic,
+                    partition=partition,
+                    offsets=[],
+                    payloads=[],
+                    timestamps_ms=[],
+                    keys=[],
+                    headers=[] if headers is not None else None,
+                    timestamp_types=[],
                 )
             group.offsets += offsets[start:end]
             group.payloads += payloads[start:end]
@@ -270,6 +259,54 @@ class KafkaSource:
     def _on_commit(error: KafkaError | None, partitions: list[TopicPartition]) -> None:
         if error is not None:
             logger.info("group offset commit failed (lag tools only, recovery unaffected): %s", error.str())
+
+
+class DeadLetterTopic:
+    """Produces dead letters to a Kafka topic: the original key and payload, the reason in headers."""
+
+    def __init__(self, bootstrap_servers: str, settings: Mapping[str, str], topic: str) -> None:
+        self._topic = topic
+        self._producer = Producer(
+            {
+                **{k: v for k, v in settings.items() if not k.startswith(("partition.", "queued.", "fetch."))},
+                "bootstrap.servers": bootstrap_servers,
+                "enable.idempotence": True,
+                "linger.ms": 20,
+            }
+        )
+
+    def produce(self, letters: Sequence[DeadLetter]) -> None:
+        """Deliver every letter or raise RetryableError (the caller holds the offsets and retries)."""
+        failures: list[str] = []
+
+        def delivered(error: Any, message: Any) -> None:
+            if error is not None:
+                failures.append(str(error))
+
+        try:
+            for letter in letters:
+                headers: list[tuple[str, str | bytes | None]] = [
+                    ("kafka2delta.error", letter.reason.encode()),
+                    ("kafka2delta.stage", letter.stage.encode()),
+                    ("kafka2delta.topic", letter.topic.encode()),
+                    ("kafka2delta.partition", str(letter.partition).encode()),
+                    ("kafka2delta.offset", str(letter.offset).encode()),
+                ]
+                while True:
+                    try:
+                        self._producer.produce(
+                            self._topic, value=letter.payload, key=letter.key, headers=headers, on_delivery=delivered
+                        )
+                        break
+                    except BufferError:
+                        self._producer.poll(0.1)
+            remaining = self._producer.flush(30)
+        except KafkaException as exc:
+            raise RetryableError(f"producing dead letters to {self._topic}: {exc}") from exc
+        if remaining or failures:
+            raise RetryableError(
+                f"producing dead letters to {self._topic}: {remaining} undelivered, errors {failures[:3]}"
+            )
 
 
 def _to_kafka_offset(offset: int | LogicalOffset) -> int:

@@ -15,48 +15,19 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import pyarrow as pa
 
-from kafka2delta.batches import PartitionMessages, isolate_failures
-from kafka2delta.coercions import STAGE as COERCE_STAGE
+from kafka2delta.bisection import isolate_failures
 from kafka2delta.coercions import CoercionOptions, coerce_document, coerce_table
-from kafka2delta.dead_letters import DeadLetter, payload_json
 from kafka2delta.errors import MessageError
+from kafka2delta.records import DeadLetter, PartitionMessages, ProcessedPartition, Stage, payload_json
 from kafka2delta.schema import conform, documents_schema, evolve
-from kafka2delta.serialization import STAGE as DESERIALIZE_STAGE
 from kafka2delta.serialization import Decoded, Deserializer
-from kafka2delta.transforms import STAGE as TRANSFORM_STAGE
 from kafka2delta.transforms import Transformer
 
 logger = logging.getLogger(__name__)
-
-WRITE_STAGE = "write"
-
-
-@dataclass
-class ProcessedPartition:
-    """What became of every message of a :class:`PartitionMessages`."""
-
-    partition: int
-    rows: pa.Table
-    """Rows in the pipeline's schema at the end of the call, in offset order."""
-    row_offsets: list[int]
-    """The Kafka offset of each row."""
-    dead_letters: list[DeadLetter]
-    skipped_empty: int
-    first_offset: int
-    last_offset: int
-    max_timestamp_ms: int
-    skipped_filtered: int = 0
-    unknown_fields: int = 0
-    """Values dropped because the table has no column for them (``schema_evolution = "none"``)."""
-    added_columns: list[str] = field(default_factory=list)
-    """Columns (dotted paths) this batch added to the schema (``schema_evolution = "merge"``)."""
-    row_timestamps_ms: pa.Array | None = None
-    """The Kafka timestamp (epoch ms, int64) of each row, aligned with ``row_offsets`` (end-to-end latency)."""
 
 
 def read_type(data_type: pa.DataType, path: str, epoch_columns: frozenset[str]) -> pa.DataType:
@@ -211,13 +182,13 @@ class Pipeline:
         """The reference lane up to coercion: decode (when not decoded yet) and transform, per message."""
         documents: dict[int, dict[str, Any]] = {}
         for position in sorted(slow):
-            stage = DESERIALIZE_STAGE
+            stage: Stage = "deserialize"
             try:
                 document = slow[position]
                 if document is None:
                     document = decoded.documents.get(position) or self._deserializer.document(messages, position)
                 if self._transformer is not None:
-                    stage = TRANSFORM_STAGE
+                    stage = "transform"
                     key = decoded.keys[position] if decoded.keys is not None else None
                     document = self._transformer.apply_document(document, messages, position, key)
                     if document is None:
@@ -269,7 +240,7 @@ class Pipeline:
                 outcome.dead(position, error, self._original_document(messages, position))
                 continue
             except RecursionError:
-                outcome.dead(position, MessageError(COERCE_STAGE, "the message is nested too deeply"))
+                outcome.dead(position, MessageError("coerce", "the message is nested too deeply"))
                 continue
             outcome.unknown_fields += unknown
             rows.append(row)
@@ -288,7 +259,7 @@ class Pipeline:
         for index, exc in failures:
             position = positions[index]
             reason = f"the row cannot be built in the table schema: {exc}"
-            outcome.dead(position, MessageError(WRITE_STAGE, reason), self._original_document(messages, position))
+            outcome.dead(position, MessageError("write", reason), self._original_document(messages, position))
 
     def _original_document(self, messages: PartitionMessages, position: int) -> dict[str, Any] | None:
         """The message decoded afresh, for the dead letter's ``payload_json`` (None if it does not decode)."""
@@ -345,15 +316,15 @@ class _Outcome:
         payload = messages.payloads[position] or b""
         self.dead_letters.append(
             DeadLetter(
-                messages.topic,
-                messages.partition,
-                messages.offsets[position],
-                error.stage,
-                error.reason,
-                payload,
-                messages.key(position),
-                messages.timestamps_ms[position],
-                payload_json(payload, document),
+                topic=messages.topic,
+                partition=messages.partition,
+                offset=messages.offsets[position],
+                stage=error.stage,
+                reason=error.reason,
+                payload=payload,
+                key=messages.key(position),
+                timestamp_ms=messages.timestamps_ms[position],
+                payload_json=payload_json(payload, document),
             )
         )
 

@@ -37,7 +37,6 @@ from typing import Any, Literal, NamedTuple, cast
 from kafka2delta.config import SchemaRegistryConfig
 from kafka2delta.errors import FatalError, MessageError, RetryableError
 
-STAGE = "deserialize"
 NEGATIVE_TTL_S = 60.0
 """How long "this id is not in the registry" is believed before asking again (it may be registered
 later, e.g. a producer racing its own registration)."""
@@ -138,7 +137,7 @@ class SchemaRegistry:
             return
         expires, reason = entry
         if self._clock() < expires:
-            raise MessageError(STAGE, reason)
+            raise MessageError("deserialize", reason)
         del self._missing[key]
 
     def _remember(self, cache: OrderedDict[Any, RegisteredSchema], key: Any, value: RegisteredSchema) -> None:
@@ -195,7 +194,7 @@ class SchemaRegistry:
                 self._missing.move_to_end(key)
                 while len(self._missing) > self._cache_size:
                     self._missing.popitem(last=False)
-            return MessageError(STAGE, missing)
+            return MessageError("deserialize", missing)
         detail = f"error_code {code}: {message}" if code is not None else "not a Confluent registry error"
         return FatalError(f"schema_registry.url: GET {self.url}{path} answered HTTP {status} ({detail})")
 

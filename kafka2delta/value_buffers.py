@@ -10,8 +10,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from kafka2delta.dead_letters import DeadLetter
-from kafka2delta.pipeline import ProcessedPartition
+from kafka2delta.records import DeadLetter, ProcessedPartition
 from kafka2delta.schema import conform
 
 

@@ -35,12 +35,12 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
-from kafka2delta.batches import PartitionMessages
 from kafka2delta.config import Config
 from kafka2delta.errors import ConfigError, FatalError, MessageError, RetryableError
 from kafka2delta.kafka import topic_partitions
 from kafka2delta.offsets import txn_app_id
 from kafka2delta.pipeline import Pipeline
+from kafka2delta.records import PartitionMessages
 from kafka2delta.schema import parse_schema
 from kafka2delta.writer import log_versions
 

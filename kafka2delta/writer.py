@@ -14,7 +14,6 @@ import re
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
 
@@ -27,30 +26,16 @@ from deltalake import CommitProperties, DeltaTable, Transaction, WriterPropertie
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from deltalake.transaction import AddAction, RemoveAction
 
-from kafka2delta.batches import isolate_failures
-from kafka2delta.errors import CommitConflict, ConfigError, FatalError, RetryableError, SchemaChanged
+from kafka2delta.bisection import isolate_failures
+from kafka2delta.errors import CommitConflict, ConfigError, FatalError, RetryableError, RowsRejected, SchemaChanged
 from kafka2delta.offsets import CommitOutcome, classify_commit, txn_app_id
+from kafka2delta.records import OffsetRange
 
 logger = logging.getLogger(__name__)
 
 _HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
 _STATS_STRING_PREFIX = 32
 _PATH_SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.:@ ")
-
-
-@dataclass(frozen=True)
-class OffsetRange:
-    first: int
-    last: int
-
-
-class RowsRejected(Exception):
-    """Parquet refused some rows of a batch (never the whole batch for one bad row): they become
-    dead letters (stage ``write``) and the rest is written again."""
-
-    def __init__(self, failures: list[tuple[int, Exception]]) -> None:
-        super().__init__(f"{len(failures)} rows could not be written as Parquet")
-        self.failures = failures
 
 
 # Arrow's data errors (not storage errors, which are OSError and retried).

@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 import pytest
 from confluent_kafka import Producer
 
-from kafka2delta.batches import PartitionMessages
+from kafka2delta.records import PartitionMessages
 from kafka2delta.verify import (
     Report,
     committed_versions,

@@ -261,7 +261,8 @@ def test_storage_error_right_after_a_landed_commit(tmp_path: Path, chaos_result:
     import pyarrow as pa
 
     from kafka2delta.errors import RetryableError
-    from kafka2delta.writer import DeltaWriter, OffsetRange
+    from kafka2delta.records import OffsetRange
+    from kafka2delta.writer import DeltaWriter
 
     chaos_result.scenario = "storage error right after a landed commit (in-process)"
     schema = pa.schema([pa.field("id", pa.string(), nullable=False)])

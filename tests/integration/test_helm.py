@@ -214,7 +214,7 @@ def test_config_sections_match_the_daemon() -> None:
     install` instead of being ignored by the daemon (which skips K2D_ variables of unknown sections)."""
     schema = json.loads((CHART / "values.schema.json").read_text())
     sections = set(schema["properties"]["config"]["propertyNames"]["enum"])
-    daemon = set(k2d_config._SECTIONS)
+    daemon = set(k2d_config.SECTIONS)
     assert sections == daemon, f"chart knows {sorted(sections)}, the daemon {sorted(daemon)}: update values.schema.json"
 
 

@@ -15,9 +15,10 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from kafka2delta.coercions import CoercedTable, CoercionOptions, coerce_document, coerce_table
+from kafka2delta.coercions import CoercionOptions, coerce_document, coerce_table
 from kafka2delta.errors import MessageError
 from kafka2delta.schema import parse_type
+from tests.support.lanes import check_fast_lane
 
 UTC = dt.UTC
 IST = dt.timezone(dt.timedelta(hours=5, minutes=30))
@@ -53,7 +54,7 @@ class Case:
 
 
 def ts(*args: int, tz: dt.tzinfo | None = UTC) -> dt.datetime:
-    return dt.datetime(*args, tzinfo=tz)  # type: ignore[misc]
+    return dt.datetime(*args, tzinfo=tz)  # type: ignore[arg-type,misc]  # year, month, day, … as ints
 
 
 DECIMAL_38 = "12345678901234567890123456789012345678"
@@ -425,28 +426,6 @@ def arrow_column(values: Sequence[Any], arrow_type: pa.DataType | None) -> pa.Ar
         return None
 
 
-def check_fast_lane(
-    documents: Sequence[dict[str, Any]], table: pa.Table, schema: pa.Schema, options: CoercionOptions
-) -> CoercedTable:
-    """coerce_table on ``table`` (row i holds documents[i]) declines or agrees with coerce_document."""
-    result = coerce_table(table, schema, options)
-    assert result.rows.schema == schema
-    assert result.rows.num_rows == len(result.kept)
-    assert result.kept == sorted(result.kept) and result.fallback == sorted(result.fallback)
-    assert sorted(result.kept + result.fallback) == list(range(table.num_rows))
-    unknown = 0
-    for output_row, position in enumerate(result.kept):
-        try:
-            row, dropped = coerce_document(documents[position], schema, options)
-        except MessageError as exc:
-            pytest.fail(f"fast lane kept row {position} ({documents[position]!r}) that the reference rejects: {exc}")
-        expected = pa.Table.from_pylist([row], schema=schema).to_pylist()
-        assert result.rows.slice(output_row, 1).to_pylist() == expected, documents[position]
-        unknown += dropped
-    assert result.unknown_fields == unknown
-    return result
-
-
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c.column}<-{c.value!r}"[:80])
 def test_fast_lane_declines_or_agrees_one_row(case: Case) -> None:
     column = arrow_column([case.value], case.arrow_type)
@@ -569,7 +548,7 @@ def test_required_column_in_the_fast_lane() -> None:
 
 
 def test_unknown_fields_are_counted_in_both_lanes() -> None:
-    documents = [
+    documents: list[dict[str, Any]] = [
         {"id": "a", "extra": 1, "other": None, "user": {"id": 1, "more": "x", "none": None}},  # 2
         {"id": "b", "extra": 2, "other": [1, 2]},  # 2
         {"id": None, "extra": 5, "user": {"id": 3, "more": "y"}},  # declined: required id
@@ -583,7 +562,7 @@ def test_unknown_fields_are_counted_in_both_lanes() -> None:
     schema = pa.schema(
         [("items", parse_type("array<struct<a:long>>")), ("m", parse_type("map<string,struct<a:long>>"))]
     )
-    nested = [
+    nested: list[dict[str, Any]] = [
         {"items": [{"a": 1, "b": 1}, {"a": 2, "b": None}, {"a": 3, "b": 3}]},
         {"items": [{"a": "bad", "b": 1}]},
         {"m": {"k": {"a": 1, "z": 9}, "j": {"a": 2, "z": 8}}},

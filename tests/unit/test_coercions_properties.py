@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from kafka2delta.coercions import CoercionOptions, coerce_document
 from kafka2delta.errors import MessageError
 from kafka2delta.schema import parse_type
-from tests.unit.test_coercions import check_fast_lane
+from tests.support.lanes import check_fast_lane
 
 PROPERTY_SETTINGS = settings(
     max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
@@ -185,7 +185,7 @@ def with_unit(values: st.SearchStrategy[dt.datetime], unit: str) -> st.SearchStr
     return values
 
 
-ns_range = {"min_value": dt.datetime(1678, 1, 1), "max_value": dt.datetime(2261, 12, 31)}
+ns_range: dict[str, Any] = {"min_value": dt.datetime(1678, 1, 1), "max_value": dt.datetime(2261, 12, 31)}
 
 # (value strategy, Arrow type of the column: None = what pa.array infers)
 COLUMN_KINDS: list[tuple[st.SearchStrategy[Any], pa.DataType | None]] = [

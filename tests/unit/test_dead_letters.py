@@ -6,12 +6,14 @@ from pathlib import Path
 
 import pytest
 from deltalake import DeltaTable, Field
+from deltalake.schema import PrimitiveType
 
-from kafka2delta.dead_letters import DEAD_LETTER_SCHEMA, DeadLetter, DeadLetterTable, payload_json
+from kafka2delta.dead_letters import DEAD_LETTER_SCHEMA, DeadLetterTable
 from kafka2delta.errors import CommitConflict
+from kafka2delta.records import DeadLetter, Stage, payload_json
 
 
-def letter(partition: int, offset: int, stage: str = "deserialize") -> DeadLetter:
+def letter(partition: int, offset: int, stage: Stage = "deserialize") -> DeadLetter:
     payload = b'{"id": %d' % offset
     return DeadLetter("events", partition, offset, stage, "broken", payload, b"k", 1_700_000_000_123, None)
 
@@ -68,7 +70,7 @@ def test_payload_json_prefers_the_document_and_falls_back_to_the_payload() -> No
 def test_an_altered_dead_letter_table_is_written_into_while_our_columns_remain(tmp_path: Path) -> None:
     table = open_table(tmp_path)
     table.commit({0: [letter(0, 1)]}, {0: None}, {0: 1}, {})
-    DeltaTable(str(tmp_path / "dlq")).alter.add_columns([Field("triaged_by", "string", nullable=True)])
+    DeltaTable(str(tmp_path / "dlq")).alter.add_columns([Field("triaged_by", PrimitiveType("string"), nullable=True)])
     table.commit({0: [letter(0, 2)]}, {0: 1}, {0: 2}, {})
     rows = DeltaTable(str(tmp_path / "dlq")).to_pyarrow_table().to_pylist()
     assert sorted(r["offset"] for r in rows) == [1, 2] and all(r["triaged_by"] is None for r in rows)

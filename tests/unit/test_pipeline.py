@@ -7,10 +7,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from kafka2delta.batches import PartitionMessages
 from kafka2delta.coercions import CoercionOptions
 from kafka2delta.config import FormatConfig
 from kafka2delta.pipeline import Pipeline, read_schema
+from kafka2delta.records import PartitionMessages
 from kafka2delta.schema import parse_schema
 from kafka2delta.serialization import build_deserializer
 from kafka2delta.transforms import Transformer

@@ -8,108 +8,19 @@ from typing import Any
 
 import pyarrow as pa
 from deltalake import DeltaTable, Field
+from deltalake.schema import PrimitiveType
 from prometheus_client import generate_latest
 
-from kafka2delta.batches import PartitionMessages
-from kafka2delta.config import FormatConfig, load_config
-from kafka2delta.dead_letters import DeadLetter, DeadLetterTable
+from kafka2delta.dead_letters import DeadLetterTable
 from kafka2delta.errors import RetryableError
-from kafka2delta.kafka import ConsumedBatch
-from kafka2delta.metrics import Metrics
 from kafka2delta.offsets import LogicalOffset
-from kafka2delta.pipeline import Pipeline
-from kafka2delta.runner import Ingestor
-from kafka2delta.schema import parse_schema
-from kafka2delta.serialization import build_deserializer
-from kafka2delta.writer import DeltaWriter, OffsetRange
-
-SCHEMA = parse_schema({"id": "string not null"})
-
-
-class FakeSource:
-    """Serves scripted batches, then empty ones; remembers seeks and group-offset commits."""
-
-    def __init__(self, batches: list[ConsumedBatch], partitions: list[int], high: int) -> None:
-        self.batches = batches
-        self.partitions = partitions
-        self.high = high
-        self.starts: dict[int, int | LogicalOffset] = {}
-        self.seeks: list[tuple[int, int | LogicalOffset]] = []
-        self.group_offsets: list[dict[int, int]] = []
-
-    def start(self, listener: Any) -> None:
-        self.starts = listener.assigned(self.partitions)
-
-    def consume(self, max_messages: int, timeout: float) -> ConsumedBatch:
-        batch = self.batches.pop(0) if self.batches else ConsumedBatch()
-        batch.end_offsets = {} if self.batches else {p: self.high for p in self.partitions}
-        return batch
-
-    def watermarks(self, partition: int, cached: bool = False) -> tuple[int, int]:
-        return 0, self.high
-
-    def seek(self, partition: int, offset: int | LogicalOffset) -> None:
-        self.seeks.append((partition, offset))
-
-    def commit_group_offsets(self, offsets: dict[int, int]) -> None:
-        self.group_offsets.append(dict(offsets))
-
-    def close(self) -> None:
-        pass
-
-
-class RecordingDeadLetters:
-    """The real dead-letter table, counting its commits."""
-
-    def __init__(self, tmp_path: Path) -> None:
-        self.table = DeadLetterTable.open(str(tmp_path / "dlq"), {}, "t", "t", "snappy", 10)
-        self.uri = self.table.uri
-        self.commits = 0
-
-    def committed_offsets(self, partitions: Any) -> dict[int, int | None]:
-        return self.table.committed_offsets(partitions)
-
-    def recorded_offsets(self, partition: int, after: int | None, upto: int) -> set[int]:
-        return self.table.recorded_offsets(partition, after, upto)
-
-    def commit(self, *args: Any) -> int:
-        self.commits += 1
-        return self.table.commit(*args)
-
-    def offsets(self) -> list[tuple[int, int]]:
-        rows = DeltaTable(self.uri).to_pyarrow_table().to_pylist()
-        return sorted((r["partition"], r["offset"]) for r in rows)
+from kafka2delta.records import ConsumedBatch, DeadLetter, OffsetRange, PartitionMessages
+from kafka2delta.writer import DeltaWriter
+from tests.support.runner import SCHEMA, FakeSource, RecordingDeadLetters, batch, make
 
 
 def rows_of(ids: list[str]) -> Any:
     return pa.table({"id": ids}, schema=SCHEMA)
-
-
-def batch(partition: int, first: int, count: int, bad_every: int = 0) -> ConsumedBatch:
-    offsets = list(range(first, first + count))
-    payloads: list[bytes | None] = [
-        b"{broken" if bad_every and o % bad_every == 0 else json.dumps({"id": f"p{partition}-{o}"}).encode()
-        for o in offsets
-    ]
-    return ConsumedBatch(partitions={partition: PartitionMessages("t", partition, offsets, payloads, [0] * count)})
-
-
-def make(
-    tmp_path: Path, source: Any, writer: Any, sink: RecordingDeadLetters, **ingest: str
-) -> tuple[Ingestor, Metrics]:
-    environ = {
-        "K2D_KAFKA__BOOTSTRAP_SERVERS": "unused:1",
-        "K2D_KAFKA__TOPIC": "t",
-        "K2D_TABLE__URI": str(tmp_path / "t"),
-        "K2D_INGEST__MAX_COMMIT_RETRIES": "3",
-    }
-    environ.update({f"K2D_INGEST__{key.upper()}": value for key, value in ingest.items()})
-    config = load_config(None, environ=environ)
-    metrics = Metrics()
-    sleeps: list[float] = []
-    pipeline = Pipeline(build_deserializer(FormatConfig(), None, "t"), SCHEMA)
-    ingestor = Ingestor(config, source, writer, pipeline, sink, metrics, sleep=sleeps.append)
-    return ingestor, metrics
 
 
 class FlakyWriter:
@@ -300,7 +211,7 @@ def test_a_resync_inside_a_revoke_callback_neither_takes_stale_messages_nor_lose
                 return ConsumedBatch(partitions={0: self.serve(0, 5), 1: self.serve(1, 5)})
             if self.calls == 2:
                 stale = self.serve(1, 5)  # p1 5..9, queued before the rebalance op
-                DeltaTable(uri).alter.add_columns([Field("x", "string", nullable=True)])
+                DeltaTable(uri).alter.add_columns([Field("x", PrimitiveType("string"), nullable=True)])
                 self.listener.revoked([0])
                 return ConsumedBatch(partitions={1: stale})
             if self.position.get(1, 15) < 15:

@@ -13,14 +13,14 @@ from prometheus_client import generate_latest
 
 from kafka2delta.config import FormatConfig, load_config
 from kafka2delta.coordinator import Coordinator, FileBackend
-from kafka2delta.kafka import ConsumedBatch
 from kafka2delta.metrics import Metrics
 from kafka2delta.offsets import LogicalOffset
 from kafka2delta.pipeline import Pipeline
+from kafka2delta.records import ConsumedBatch
 from kafka2delta.runner import Ingestor
 from kafka2delta.serialization import build_deserializer
 from kafka2delta.writer import DeltaWriter
-from tests.unit.test_runner import SCHEMA, FakeSource, RecordingDeadLetters, batch
+from tests.support.runner import SCHEMA, FakeSource, RecordingDeadLetters, batch
 
 ORDER = ("ingest", "mutate", "optimize")
 
@@ -62,7 +62,17 @@ def ingestor(
     metrics = Metrics()
     pipeline = Pipeline(build_deserializer(FormatConfig(), None, "t"), SCHEMA)
     sink = RecordingDeadLetters(tmp_path)
-    daemon = Ingestor(config, source, writer, pipeline, sink, metrics, clock=clock, sleep=sleep, coordinator=joined)
+    daemon = Ingestor(
+        config,
+        source=source,
+        writer=writer,
+        pipeline=pipeline,
+        dead_letters=sink,
+        metrics=metrics,
+        clock=clock,
+        sleep=sleep,
+        coordinator=joined,
+    )
     return daemon, metrics
 
 

@@ -6,7 +6,6 @@ import base64
 import datetime as dt
 import decimal
 import gzip
-import io
 import json
 import os
 import tempfile
@@ -14,13 +13,12 @@ import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-import fastavro
 import pyarrow as pa
 import pytest
-from google.protobuf import descriptor_pb2
+from google.protobuf import descriptor_pb2  # type: ignore[import-untyped]
 
+import kafka2delta.serialization.json as json_format
 from kafka2delta import serialization
-from kafka2delta.batches import PartitionMessages
 from kafka2delta.config import FormatConfig, SchemaRegistryConfig
 from kafka2delta.errors import ConfigError, MessageError, RetryableError
 from kafka2delta.registry import RegisteredSchema, SchemaReference, SchemaRegistry
@@ -33,17 +31,28 @@ from kafka2delta.serialization import (
     build_deserializer,
     protobuf_to_arrow,
 )
+from kafka2delta.serialization.json import _nests_deeper
 from tests.protobuf_support import compile_with_protoc, message_class
-from tests.unit.test_registry import FakeRegistry, fake_registry  # noqa: F401 (fixture)
+from tests.support.registry import FakeRegistry
+from tests.support.serialization import (
+    COMMON_PROTO,
+    EVENT_PROTO,
+    LOGICAL,
+    NODE,
+    READ_SCHEMA,
+    V1,
+    V2,
+    MemoryRegistry,
+    avro_datum,
+    check_partition,
+    confluent,
+    event,
+    framed_avro,
+    full_event,
+    messages,
+)
 
 # --- helpers -------------------------------------------------------------------------------------
-
-
-def messages(payloads: Sequence[bytes | None], keys: Sequence[bytes | None] | None = None) -> PartitionMessages:
-    n = len(payloads)
-    return PartitionMessages(
-        "events", 3, list(range(100, 100 + n)), list(payloads), [0] * n, None if keys is None else list(keys)
-    )
 
 
 def decode_all(
@@ -60,74 +69,7 @@ def rows(decoded: Decoded) -> dict[int, dict[str, Any]]:
     return dict(zip(decoded.fast, decoded.table.to_pylist(), strict=True))
 
 
-def check_partition(decoded: Decoded, count: int) -> None:
-    """Every position ends in exactly one of: table rows, slow-lane documents, failures."""
-    failed = [position for position, _ in decoded.failures]
-    slow = [p for p in decoded.documents if p not in decoded.fast]
-    assert decoded.fast == sorted(decoded.fast)
-    assert decoded.table.num_rows == len(decoded.fast)
-    assert sorted(decoded.fast + slow + failed) == list(range(count))
-    for _, error in decoded.failures:
-        assert isinstance(error, MessageError)
-        assert error.stage == "deserialize"
-
-
-class MemoryRegistry:
-    """The SchemaRegistry interface, in memory."""
-
-    def __init__(self) -> None:
-        self.by_id: dict[int, RegisteredSchema] = {}
-        self.subjects: dict[tuple[str, int], RegisteredSchema] = {}
-        self.down = False
-        self.calls = 0
-
-    def add(
-        self, schema_id: int, schema: Any, schema_type: str = "AVRO", references: Sequence[SchemaReference] = ()
-    ) -> int:
-        text = schema if isinstance(schema, str) else json.dumps(schema)
-        self.by_id[schema_id] = RegisteredSchema(schema_id, schema_type, text, tuple(references))  # type: ignore[arg-type]
-        return schema_id
-
-    def schema(self, schema_id: int) -> RegisteredSchema:
-        self.calls += 1
-        if self.down:
-            raise RetryableError("schema registry http://registry:8081 is unreachable: connection refused")
-        if schema_id not in self.by_id:
-            raise MessageError("deserialize", f"schema id {schema_id} is not in the registry")
-        return self.by_id[schema_id]
-
-    def referenced(self, subject: str, version: int) -> RegisteredSchema:
-        if self.down:
-            raise RetryableError("schema registry http://registry:8081 is unreachable: connection refused")
-        return self.subjects[(subject, version)]
-
-
-def avro_datum(schema: Any, value: Any) -> bytes:
-    buffer = io.BytesIO()
-    fastavro.schemaless_writer(buffer, fastavro.parse_schema(schema), value)
-    return buffer.getvalue()
-
-
-def confluent(schema_id: int, body: bytes, indexes: bytes = b"") -> bytes:
-    return b"\x00" + schema_id.to_bytes(4, "big") + indexes + body
-
-
-def framed_avro(schema_id: int, schema: Any, value: Any) -> bytes:
-    return confluent(schema_id, avro_datum(schema, value))
-
-
 # --- JSON ----------------------------------------------------------------------------------------
-
-READ_SCHEMA = pa.schema(
-    [
-        ("id", pa.string()),
-        ("amount", pa.float64()),
-        ("count", pa.int64()),
-        ("ts", pa.string()),  # a timestamp column, read as text (the coercion stage parses it)
-        ("user", pa.struct([("id", pa.int64()), ("country", pa.string())])),
-        ("labels", pa.map_(pa.string(), pa.string())),  # Arrow's JSON reader cannot read maps
-    ]
-)
 
 
 def json_deserializer(**settings: Any) -> JsonDeserializer:
@@ -480,19 +422,6 @@ def test_raw_binary_column_and_gzip() -> None:
 
 # --- Avro ----------------------------------------------------------------------------------------
 
-V1 = {
-    "type": "record",
-    "name": "Event",
-    "namespace": "acme",
-    "fields": [
-        {"name": "id", "type": "string"},
-        {"name": "amount", "type": "double"},
-        {"name": "kind", "type": {"type": "enum", "name": "Kind", "symbols": ["CLICK", "VIEW"]}},
-        {"name": "user", "type": {"type": "record", "name": "User", "fields": [{"name": "id", "type": "long"}]}},
-    ],
-}
-V2 = {**V1, "fields": [*V1["fields"], {"name": "note", "type": ["null", "string"], "default": None}]}
-
 
 def avro_registry() -> MemoryRegistry:
     registry = MemoryRegistry()
@@ -504,10 +433,6 @@ def avro_registry() -> MemoryRegistry:
 
 def avro_deserializer(registry: Any, **settings: Any) -> Deserializer:
     return build_deserializer(FormatConfig(type="avro", **settings), registry, "events")
-
-
-def event(i: int, **extra: Any) -> dict[str, Any]:
-    return {"id": f"e{i}", "amount": i + 0.5, "kind": "VIEW", "user": {"id": i}, **extra}
 
 
 def test_avro_v1_and_v2_in_one_batch() -> None:
@@ -588,7 +513,7 @@ def test_avro_registry_outage_is_raised_not_dead_lettered() -> None:
     assert decode_all(deserializer, [framed_avro(1, V1, event(0))]).fast == [0]
 
 
-def test_avro_through_the_http_registry(fake_registry: FakeRegistry) -> None:  # noqa: F811
+def test_avro_through_the_http_registry(fake_registry: FakeRegistry) -> None:
     fake_registry.state.register(1, json.dumps(V1))
     registry = SchemaRegistry(SchemaRegistryConfig(url=fake_registry.url))
     deserializer = avro_deserializer(registry)
@@ -674,36 +599,6 @@ def test_avro_schema_file_errors_name_the_key() -> None:
             avro_deserializer(None, avro_schema_file=path)
     finally:
         os.unlink(path)
-
-
-LOGICAL = {
-    "type": "record",
-    "name": "Logical",
-    "fields": [
-        {"name": "day", "type": {"type": "int", "logicalType": "date"}},
-        {"name": "at_ms", "type": {"type": "long", "logicalType": "timestamp-millis"}},
-        {"name": "at_us", "type": {"type": "long", "logicalType": "timestamp-micros"}},
-        {"name": "local_ms", "type": {"type": "long", "logicalType": "local-timestamp-millis"}},
-        {"name": "price", "type": {"type": "bytes", "logicalType": "decimal", "precision": 10, "scale": 2}},
-        {
-            "name": "fixed_price",
-            "type": {"type": "fixed", "name": "F8", "size": 8, "logicalType": "decimal", "precision": 12, "scale": 3},
-        },
-        {"name": "huge", "type": {"type": "bytes", "logicalType": "decimal", "precision": 50, "scale": 5}},
-        {"name": "uid", "type": {"type": "string", "logicalType": "uuid"}},
-        {"name": "t_ms", "type": {"type": "int", "logicalType": "time-millis"}},
-        {"name": "t_us", "type": {"type": "long", "logicalType": "time-micros"}},
-        {"name": "blob", "type": "bytes"},
-        {"name": "hash", "type": {"type": "fixed", "name": "H4", "size": 4}},
-        {"name": "small", "type": "int"},
-        {"name": "ratio", "type": "float"},
-        {"name": "flag", "type": "boolean"},
-        {"name": "tags", "type": {"type": "array", "items": "string"}},
-        {"name": "scores", "type": {"type": "map", "values": "long"}},
-        {"name": "maybe_time", "type": ["null", {"type": "int", "logicalType": "time-millis"}], "default": None},
-        {"name": "times", "type": {"type": "array", "items": {"type": "long", "logicalType": "time-micros"}}},
-    ],
-}
 
 
 def test_avro_to_arrow_types() -> None:
@@ -877,47 +772,6 @@ def test_avro_lane_and_value_do_not_depend_on_neighbours() -> None:
 
 # --- Protobuf ------------------------------------------------------------------------------------
 
-COMMON_PROTO = """syntax = "proto3";
-package acme.common;
-message Money { string currency = 1; int64 units = 2; }
-"""
-EVENT_PROTO = """syntax = "proto3";
-package acme.events;
-import "google/protobuf/timestamp.proto";
-import "google/protobuf/wrappers.proto";
-import "acme/common.proto";
-
-message Event {
-  string id = 1;
-  int64 count = 2;
-  double amount = 3;
-  Kind kind = 4;
-  User user = 5;
-  repeated string tags = 6;
-  map<string, int32> scores = 7;
-  google.protobuf.Timestamp at = 8;
-  bytes blob = 9;
-  uint64 big = 10;
-  optional string note = 11;
-  acme.common.Money price = 12;
-  uint32 small = 13;
-  float ratio = 14;
-  bool flag = 15;
-  repeated User friends = 16;
-  map<string, User> by_name = 17;
-  google.protobuf.Int64Value maybe = 18;
-  oneof choice { string text = 19; int32 number = 20; }
-  sint32 delta = 21;
-
-  message User { int64 id = 1; string country = 2; }
-  enum Kind { KIND_UNSPECIFIED = 0; CLICK = 1; VIEW = 2; }
-}
-
-message Other { string name = 1; }
-
-message Node { int32 value = 1; Node next = 2; }
-"""
-
 
 @pytest.fixture(scope="module")
 def proto_pool() -> Any:
@@ -934,26 +788,6 @@ def proto_registry() -> MemoryRegistry:
     registry.add(22, V1)
     registry.add(23, 'syntax = "proto3"; message Broken { strin id = 1; }', "PROTOBUF")
     return registry
-
-
-def full_event(pool: Any) -> Any:
-    event_class = proto_class(pool, "acme.events.Event")
-    message = event_class(id="x", count=2**40, amount=1.5, kind=2, tags=["a", "b"], big=2**64 - 1, small=2**32 - 1)
-    message.user.id = 7
-    message.user.country = "FR"
-    message.scores["k"] = 3
-    message.at.seconds = 1_700_000_000
-    message.at.nanos = 123_456_789
-    message.price.currency = "EUR"
-    message.note = "n"
-    message.ratio = 0.25
-    message.flag = True
-    message.friends.add(id=1, country="DE")
-    message.by_name["bob"].id = 9
-    message.maybe.value = 11
-    message.number = 4
-    message.delta = -3
-    return message
 
 
 def test_protobuf_to_arrow(proto_pool: Any) -> None:
@@ -1134,7 +968,7 @@ def test_protobuf_recursive_message_takes_the_slow_lane(proto_pool: Any) -> None
 
 @pytest.fixture
 def no_orjson(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setattr(serialization, "_orjson", None)
+    monkeypatch.setattr(json_format, "_orjson", None)
     yield
 
 
@@ -1178,13 +1012,6 @@ def test_json_arrays_of_nulls_arrow_builds_invalid_take_the_slow_lane() -> None:
     check_partition(decoded, 2)
     decoded.table.validate(full=True)
     assert decoded.documents == {1: {"id": "n", "unknown": [None, None]}}
-
-
-NODE = {
-    "type": "record",
-    "name": "Node",
-    "fields": [{"name": "value", "type": "int"}, {"name": "next", "type": ["null", "Node"]}],
-}
 
 
 def linked(depth: int) -> bytes:
@@ -1295,7 +1122,7 @@ def test_json_deep_nesting_never_reaches_arrow() -> None:
     ],
 )
 def test_nesting_bound(payload: bytes, deeper: bool) -> None:
-    assert serialization._nests_deeper(payload, 1_000) is deeper
+    assert _nests_deeper(payload, 1_000) is deeper
 
 
 @pytest.mark.parametrize("schema", ['{"type": "array"}', '{"type": "fixed", "name": "f"}', "null", '{"type": 7}'])
@@ -1307,7 +1134,7 @@ def test_a_malformed_avro_schema_in_the_registry_is_a_dead_letter(schema: str) -
 
 
 def test_gzip_batches_are_read_in_rounds_of_bounded_inflated_size(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(serialization, "GZIP_ROUND_BYTES", 100)
+    monkeypatch.setattr(json_format, "GZIP_ROUND_BYTES", 100)
     docs = [{"id": f"g{i}", "pad": "x" * 60} for i in range(6)] + [{"id": "z", "pad": 7}]  # pad: string, then a number
     payloads = [gzip.compress(json.dumps(doc).encode()) for doc in docs] + [b"not gzip"]
     deserializer = json_deserializer(gzip=True)

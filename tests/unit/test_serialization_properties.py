@@ -21,7 +21,8 @@ from kafka2delta.config import FormatConfig
 from kafka2delta.errors import MessageError
 from kafka2delta.registry import RegisteredSchema, SchemaReference
 from kafka2delta.serialization import Decoded, Deserializer, JsonDeserializer, build_deserializer
-from tests.unit.test_serialization import (
+from tests.protobuf_support import compile_with_protoc
+from tests.support.serialization import (
     COMMON_PROTO,
     EVENT_PROTO,
     LOGICAL,
@@ -31,7 +32,6 @@ from tests.unit.test_serialization import (
     V2,
     MemoryRegistry,
     check_partition,
-    compile_with_protoc,
     confluent,
     event,
     framed_avro,

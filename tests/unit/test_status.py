@@ -14,12 +14,11 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, Counter
 
-from kafka2delta.batches import PartitionMessages
 from kafka2delta.errors import FatalError
-from kafka2delta.kafka import ConsumedBatch
+from kafka2delta.records import ConsumedBatch, PartitionMessages
 from kafka2delta.status import CommitRecord, Status, StatusBoard, StatusServer, liveness_window_s, render_page
 from kafka2delta.writer import DeltaWriter
-from tests.unit.test_runner import SCHEMA, FakeSource, RecordingDeadLetters, make
+from tests.support.runner import SCHEMA, FakeSource, RecordingDeadLetters, make
 
 
 class Clock:

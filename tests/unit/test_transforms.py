@@ -10,9 +10,12 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from kafka2delta.batches import PartitionMessages
 from kafka2delta.errors import ConfigError, MessageError
-from kafka2delta.transforms import STAGE, Transformer, format_epoch_nanos
+from kafka2delta.records import PartitionMessages, Stage
+from kafka2delta.transforms import Transformer, format_epoch_nanos
+from tests.support.lanes import normalized
+
+STAGE: Stage = "transform"
 
 
 def make_messages(
@@ -41,18 +44,6 @@ def reference(
     transformer: Transformer, document: dict[str, Any], messages: PartitionMessages | None = None, key: Any = None
 ) -> dict[str, Any] | None:
     return transformer.apply_document(copy.deepcopy(document), messages or make_messages(1), 0, key)
-
-
-def normalized(value: Any) -> Any:
-    """Arrow cannot tell a missing field from a null one: compare documents without null fields
-    (and NaN as a marker, since NaN != NaN)."""
-    if isinstance(value, float) and value != value:
-        return "NaN"
-    if isinstance(value, dict):
-        return {name: normalized(item) for name, item in value.items() if item is not None}
-    if isinstance(value, list):
-        return [normalized(item) for item in value]
-    return value
 
 
 def check_lanes_agree(

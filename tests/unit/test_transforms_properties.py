@@ -11,10 +11,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kafka2delta.batches import PartitionMessages
 from kafka2delta.errors import MessageError
+from kafka2delta.records import PartitionMessages
 from kafka2delta.transforms import Transformer
-from tests.unit.test_transforms import normalized
+from tests.support.lanes import normalized
 
 PATHS = [
     ("t_copy", "a"),

@@ -1,6 +1,6 @@
 import pyarrow as pa
 
-from kafka2delta.pipeline import ProcessedPartition
+from kafka2delta.records import ProcessedPartition
 from kafka2delta.value_buffers import FlushLimits, ValueBuffers
 
 LIMITS = FlushLimits(
@@ -10,7 +10,14 @@ LIMITS = FlushLimits(
 
 def processed(partition: int, first: int, last: int, rows: int) -> ProcessedPartition:
     table = pa.table({"n": pa.array(range(rows), pa.int64())})
-    return ProcessedPartition(partition, table, list(range(first, first + rows)), [], 0, first, last, 0)
+    return ProcessedPartition(
+        partition=partition,
+        rows=table,
+        row_offsets=list(range(first, first + rows)),
+        first_offset=first,
+        last_offset=last,
+        max_timestamp_ms=0,
+    )
 
 
 def test_latency_limit() -> None:

@@ -7,9 +7,9 @@ import numpy as np
 import pyarrow as pa
 from deltalake import write_deltalake
 
-from kafka2delta.batches import PartitionMessages
 from kafka2delta.cli import build_pipeline
 from kafka2delta.config import load_config
+from kafka2delta.records import PartitionMessages
 from kafka2delta.schema import parse_schema
 from kafka2delta.verify import Report, TopicOffsets, compare, log_gaps, pipeline_filter
 

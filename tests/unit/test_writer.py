@@ -7,10 +7,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, Field
+from deltalake.schema import PrimitiveType
 
-from kafka2delta.errors import CommitConflict, ConfigError, SchemaChanged
+from kafka2delta.errors import CommitConflict, ConfigError, RowsRejected, SchemaChanged
+from kafka2delta.records import OffsetRange
 from kafka2delta.schema import parse_schema
-from kafka2delta.writer import DeltaWriter, OffsetRange, RowsRejected
+from kafka2delta.writer import DeltaWriter
 
 SCHEMA = parse_schema({"id": "string not null", "country": "string", "ts": "timestamp"})
 
@@ -101,7 +103,7 @@ def test_evolution_commit_adds_columns_files_and_txns_at_once(tmp_path: Path) ->
 def test_a_schema_changed_by_another_writer_is_never_committed_over(tmp_path: Path) -> None:
     writer = open_writer(tmp_path / "t")
     files = writer.write_files("e", 0, OffsetRange(0, 0), rows(["a"]))
-    DeltaTable(str(tmp_path / "t")).alter.add_columns([Field("x", "string", nullable=True)])
+    DeltaTable(str(tmp_path / "t")).alter.add_columns([Field("x", PrimitiveType("string"), nullable=True)])
     with pytest.raises(SchemaChanged) as raised:
         writer.commit(files, {0: None}, {0: 0}, {})
     assert raised.value.schema.names == ["id", "country", "ts", "x"]

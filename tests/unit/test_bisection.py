@@ -1,4 +1,4 @@
-from kafka2delta.batches import isolate_failures
+from kafka2delta.bisection import isolate_failures
 
 
 def test_isolate_failures_finds_each_bad_index_and_keeps_order() -> None:
@@ -18,6 +18,11 @@ def test_isolate_failures_finds_each_bad_index_and_keeps_order() -> None:
 
 
 def test_isolate_failures_fast_path_is_one_call() -> None:
-    calls = []
-    good, failures = isolate_failures(list(range(1000)), lambda c: calls.append(c) or len(c), (ValueError,))
+    calls: list[list[int]] = []
+
+    def attempt(chunk: list[int]) -> int:
+        calls.append(chunk)
+        return len(chunk)
+
+    good, failures = isolate_failures(list(range(1000)), attempt, (ValueError,))
     assert len(calls) == 1 and failures == [] and good[0][1] == 1000

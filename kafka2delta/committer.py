@@ -1,0 +1,265 @@
+"""Steps 1-3 of the commit order for one table, what a flush does between taking the buffers and the
+Kafka group offsets:
+
+1. Parquet files per Kafka partition (rows Parquet refuses become dead letters, stage ``write``);
+2. the dead letters, with their own txns, in the dead-letter table (and the optional topic);
+3. ONE Delta commit holding the files and a txn per partition (with the new schema when the pipeline
+   added columns, ``schema_evolution = "merge"``).
+
+A :class:`PendingCommit` remembers what an attempt already did, so a retry never writes a file or
+records a dead letter twice. The outcome of a failed attempt is an exception the loop handles:
+:class:`CommitConflict` (another writer moved a txn), :class:`SchemaChanged` (another writer changed
+the schema) or :class:`RetryableError` (nothing happened, or the log says so).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from kafka2delta import faults
+from kafka2delta.assignment import PartitionState
+from kafka2delta.edges import DeadLetterProducer, DeadLetterStore, TableWriter
+from kafka2delta.errors import CommitConflict, RetryableError, RowsRejected, SchemaChanged
+from kafka2delta.metrics import Metrics
+from kafka2delta.pipeline import Pipeline
+from kafka2delta.records import DeadLetter, OffsetRange, payload_json
+from kafka2delta.retries import Retrier
+from kafka2delta.schema import evolve
+from kafka2delta.value_buffers import PartitionBuffer
+
+if TYPE_CHECKING:
+    from deltalake.transaction import AddAction
+
+logger = logging.getLogger(__name__)
+
+_LOGGED_DEAD_LETTERS = 10  # per commit; the rest are in the dead-letter table and the metrics
+
+
+@dataclass
+class PendingCommit:
+    """One flush's work, kept across retries so no file is written and no dead letter recorded twice."""
+
+    buffers: dict[int, PartitionBuffer]
+    files: dict[int, list[AddAction]] = field(default_factory=dict)
+    letters_recorded: set[int] = field(default_factory=set)
+    letters_produced: bool = False
+    schema_checked: bool = False
+
+    def drop(self, partition: int) -> PartitionBuffer | None:
+        self.files.pop(partition, None)
+        self.letters_recorded.discard(partition)
+        return self.buffers.pop(partition, None)
+
+    def actions(self) -> list[AddAction]:
+        """The files of every partition still pending."""
+        return [action for actions in self.files.values() for action in actions]
+
+
+class Committer:
+    """Commits flushes of one topic into one table and its dead-letter table."""
+
+    def __init__(
+        self,
+        *,
+        app_id: str,
+        topic: str,
+        writer: TableWriter,
+        dead_letters: DeadLetterStore,
+        dead_letter_topic: DeadLetterProducer | None,
+        pipeline: Pipeline,
+        metrics: Metrics,
+        retrier: Retrier,
+        clock: Callable[[], float],
+    ) -> None:
+        self._app_id = app_id
+        self._topic = topic
+        self._writer = writer
+        self._dead_letters = dead_letters
+        self._dead_letter_topic = dead_letter_topic
+        self._pipeline = pipeline
+        self._metrics = metrics
+        self._retrier = retrier
+        self._clock = clock
+        self.table_schema: pa.Schema = writer.schema
+        """The table schema the pipeline was last fitted to; a different one at commit time is someone else's."""
+        self.commit_seconds = 0.0
+        """The Delta commit of the last attempt, alone."""
+
+    def commit(self, pending: PendingCommit, partitions: Mapping[int, PartitionState]) -> int:
+        """Steps 1-3 for ``pending``; returns the table version. What an earlier attempt did is not done again.
+
+        ``partitions`` holds the txn versions the batch started from (read) and, once the dead letters
+        are committed, their new dead-letter txn versions (written).
+        """
+        if not pending.schema_checked:
+            self._check_schema()
+            pending.schema_checked = True
+        schema = self._pipeline.schema
+        evolving = not schema.equals(self.table_schema, check_metadata=False)
+        self._write_files(pending, schema, evolving)
+        faults.point("after_parquet_write")
+        self._commit_dead_letters(pending, partitions)
+        faults.point("after_dead_letter_commit")
+        taken = pending.buffers
+        # A zombie's dead-letter commit for our partitions means it took some of these offsets as dead
+        # letters: committing our outcome for them too would put an offset in both tables. Resync instead.
+        in_dead_letters = self._dead_letters.committed_offsets(list(taken))
+        moved = {p: v for p, v in in_dead_letters.items() if v != partitions[p].dead_letters_committed}
+        if moved:
+            raise CommitConflict(moved)
+        ranges = {p: OffsetRange(b.first_offset, b.last_offset) for p, b in taken.items()}
+        metadata: dict[str, Any] = {
+            "app_id": self._app_id,
+            "topic": self._topic,
+            "offsets": {str(p): [r.first, r.last] for p, r in ranges.items()},
+            "rows": sum(b.rows for b in taken.values()),
+            "dead_letters": sum(len(b.dead_letters) for b in taken.values()),
+        }
+        expected = {p: partitions[p].committed for p in taken}
+        versions = {p: r.last for p, r in ranges.items()}
+        started = self._clock()
+        if not evolving:
+            actions = [action for partition in taken for action in pending.files[partition]]
+            version = self._writer.commit(actions, expected, versions, metadata)
+            self.commit_seconds = self._clock() - started
+            return version
+        rows = pa.concat_tables([b.to_table(schema) for b in taken.values()]) if taken else schema.empty_table()
+        added = evolve(self.table_schema, schema, inferred=False).added
+        metadata["added_columns"] = added
+        version = self._writer.commit_evolution(rows, expected, versions, metadata)
+        self.commit_seconds = self._clock() - started
+        self._metrics.columns_added(self._topic, len(added))
+        logger.info("schema evolution committed in version %d: the table schema is now %s", version, schema)
+        self.adopt_schema(self._writer.schema)
+        return version
+
+    def adopt_schema(self, schema: pa.Schema) -> None:
+        """Fit the stages to ``schema`` from now on (our evolution commit, or another writer's change)."""
+        self.table_schema = schema
+        self._pipeline.set_schema(schema)
+
+    def _check_schema(self) -> None:
+        """Raise SchemaChanged when someone else changed the table's schema since the stages were fitted."""
+        latest = self._retrier.run("reading the table schema", self._writer.refresh_schema)
+        if not latest.equals(self.table_schema, check_metadata=False):
+            raise SchemaChanged(self._writer.uri, latest)
+
+    # --- step 1: files ------------------------------------------------------------------------
+
+    def _write_files(self, pending: PendingCommit, schema: pa.Schema, evolving: bool) -> None:
+        """Parquet files per Kafka partition; rows Parquet refuses become dead letters (stage write).
+
+        An evolution commit writes its files in step 3 (delta-rs does): here its rows are only checked.
+        """
+        for partition, buffer in pending.buffers.items():
+            if partition in pending.files:
+                continue
+            offsets = OffsetRange(buffer.first_offset, buffer.last_offset)
+            while True:
+                rows = buffer.to_table(schema)
+                try:
+                    if evolving:
+                        self._writer.check_rows(rows)
+                        pending.files[partition] = []
+                    else:
+                        pending.files[partition] = (
+                            self._writer.write_files(self._topic, partition, offsets, rows) if buffer.rows else []
+                        )
+                    break
+                except RowsRejected as rejected:
+                    self._reject_rows(partition, buffer, rows, rejected, schema)
+
+    def _reject_rows(
+        self, partition: int, buffer: PartitionBuffer, rows: pa.Table, rejected: RowsRejected, schema: pa.Schema
+    ) -> None:
+        row_offsets = buffer.offsets().to_pylist()
+        for index, exc in rejected.failures:
+            row = rows.slice(index, 1).to_pylist()[0]
+            letter = DeadLetter(
+                topic=self._topic,
+                partition=partition,
+                offset=row_offsets[index],
+                stage="write",
+                reason=str(exc),
+                payload=b"",
+                payload_json=payload_json(b"", row),
+            )
+            buffer.dead_letters.append(letter)
+            logger.warning("%s: Parquet refused the row: %s", letter.where, exc)
+        self._metrics.failed(self._topic, "write", len(rejected.failures))
+        buffer.reject_rows([index for index, _ in rejected.failures], schema)
+
+    # --- step 2: dead letters -----------------------------------------------------------------
+
+    def _commit_dead_letters(self, pending: PendingCommit, partitions: Mapping[int, PartitionState]) -> None:
+        """The dead letters of the pending partitions, with their own txns, before the main commit."""
+        letters = {
+            p: b.dead_letters
+            for p, b in pending.buffers.items()
+            if b.dead_letters and p not in pending.letters_recorded
+        }
+        if not letters:
+            return
+        flat = [letter for batch in letters.values() for letter in batch]
+        if self._dead_letter_topic is not None and not pending.letters_produced:
+            self._dead_letter_topic.produce(flat)  # at least once: before the table commit
+            pending.letters_produced = True
+        expected = {p: partitions[p].dead_letters_committed for p in letters}
+        # Normally the batch's last offset; a replay that records inside an older window never lowers it.
+        versions = {p: max(pending.buffers[p].last_offset, _or_minus_one(expected[p])) for p in letters}
+        # Inside an older window the txn does not move, so it cannot tell whether an ambiguous commit
+        # landed: there, the table itself is asked (before, to skip what landed; after, to confirm).
+        unmoved = [p for p in letters if versions[p] == expected[p]]
+        for partition in unmoved:
+            landed = self._recorded_among(partition, letters[partition])
+            letters[partition] = [letter for letter in letters[partition] if letter.offset not in landed]
+        metadata: dict[str, Any] = {
+            "app_id": self._app_id,
+            "topic": self._topic,
+            "offsets": {str(p): [pending.buffers[p].first_offset, pending.buffers[p].last_offset] for p in letters},
+            "dead_letters": len(flat),
+        }
+        self._dead_letters.commit(letters, expected, versions, metadata)
+        for partition in unmoved:
+            if len(self._recorded_among(partition, letters[partition])) != len(letters[partition]):
+                raise RetryableError(f"dead letters of {self._topic}[{partition}] did not land in the commit")
+        for partition, version in versions.items():
+            partitions[partition].dead_letters_committed = version
+        pending.letters_recorded.update(letters)
+        self._report_dead_letters(flat)
+
+    def _recorded_among(self, partition: int, letters: Sequence[DeadLetter]) -> set[int]:
+        """The offsets of ``letters`` the dead-letter table holds."""
+        if not letters:
+            return set()
+        offsets = {letter.offset for letter in letters}
+        found = self._retrier.run(
+            "reading recorded dead letters",
+            partial(self._dead_letters.recorded_offsets, partition, min(offsets) - 1, max(offsets)),
+        )
+        return offsets & found
+
+    def _report_dead_letters(self, letters: Sequence[DeadLetter]) -> None:
+        stages = Counter(letter.stage for letter in letters)
+        for stage, count in stages.items():
+            self._metrics.dead_lettered(self._topic, stage, count)
+        for letter in letters[:_LOGGED_DEAD_LETTERS]:
+            logger.warning("dead letter %s stage=%s reason=%s", letter.where, letter.stage, letter.reason)
+        if len(letters) > _LOGGED_DEAD_LETTERS:
+            logger.warning(
+                "… and %d more dead letters in %s (by stage: %s)",
+                len(letters) - _LOGGED_DEAD_LETTERS,
+                self._dead_letters.uri,
+                dict(stages),
+            )
+
+
+def _or_minus_one(version: int | None) -> int:
+    return -1 if version is None else version

@@ -1,0 +1,253 @@
+"""Loading the configuration: the TOML file, then ``K2D_<SECTION>__<KEY>`` environment overrides, each
+value converted to its field's type with an error that names the key (and the variable it came from).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from kafka2delta.config.sections import (
+    ENV_PREFIX,
+    MASK,
+    CoercionConfig,
+    Config,
+    CoordinatorConfig,
+    DeadLetterConfig,
+    FilterConfig,
+    FormatConfig,
+    IngestConfig,
+    JobsConfig,
+    KafkaConfig,
+    LoggingConfig,
+    MetricsConfig,
+    SchemaRegistryConfig,
+    SparkConfig,
+    TableConfig,
+    is_secret_key,
+)
+from kafka2delta.config.validation import validate, validate_storage_options
+from kafka2delta.errors import ConfigError
+
+SECTIONS: dict[str, type[Any]] = {
+    "kafka": KafkaConfig,
+    "table": TableConfig,
+    "ingest": IngestConfig,
+    "format": FormatConfig,
+    "schema_registry": SchemaRegistryConfig,
+    "filter": FilterConfig,
+    "coercions": CoercionConfig,
+    "dead_letters": DeadLetterConfig,
+    "metrics": MetricsConfig,
+    "logging": LoggingConfig,
+    "spark": SparkConfig,
+    "coordinator": CoordinatorConfig,
+    "jobs": JobsConfig,
+}
+# A section that is a plain ordered table of strings, not a dataclass.
+_TRANSFORMS = "transforms"
+_TYPE_HINTS = {name: typing.get_type_hints(cls) for name, cls in SECTIONS.items()}
+
+
+def load_config(path: str | Path | None, environ: Mapping[str, str] | None = None) -> Config:
+    """Read ``path`` (optional), apply ``K2D_`` overrides from ``environ``, validate, return."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        try:
+            with open(path, "rb") as handle:
+                raw = tomllib.load(handle)
+        except FileNotFoundError as exc:
+            raise ConfigError("--config", f"file not found: {path}") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError("--config", f"{path} is not valid TOML: {exc}") from exc
+    sources: dict[str, str] = {}
+    environ = os.environ if environ is None else environ
+    _apply_environment(raw, environ, sources)
+    config = _build(raw, sources)
+    validate_storage_options(config, environ, sources)
+    return config
+
+
+def _apply_environment(raw: dict[str, Any], environ: Mapping[str, str], sources: dict[str, str]) -> None:
+    transforms_variable = f"{ENV_PREFIX}{_TRANSFORMS.upper()}"
+    if transforms_variable in environ:
+        raw[_TRANSFORMS] = _json_object(_TRANSFORMS, transforms_variable, environ[transforms_variable])
+        sources[_TRANSFORMS] = transforms_variable
+    for variable in sorted(environ):
+        if not variable.startswith(ENV_PREFIX) or "__" not in variable:
+            continue
+        parts = variable[len(ENV_PREFIX) :].lower().split("__")
+        section, key = parts[0], parts[1]
+        if section not in SECTIONS:
+            continue  # K2D_TEST_* and friends are not config
+        value: Any = environ[variable]
+        dotted = f"{section}.{key}"
+        if len(parts) == 3 and key in ("settings", "storage_options", "conf"):
+            sub = parts[2].replace("_", ".") if key == "settings" else variable.split("__", 2)[2]
+            raw.setdefault(section, {}).setdefault(key, {})[sub] = value
+            sources[f"{dotted}.{sub}"] = variable
+            continue
+        if len(parts) != 2:
+            raise ConfigError(variable, "expected K2D_<SECTION>__<KEY> (or __<SUBKEY> for settings/storage_options)")
+        if key in _JSON_KEYS:
+            value = _json_object(dotted, variable, value)
+        raw.setdefault(section, {})[key] = value
+        sources[dotted] = variable
+
+
+# Mappings whose keys are column names (any case, dots allowed): from the environment as one JSON object.
+_JSON_KEYS = frozenset({"schema", "epoch_units"})
+
+
+def _json_object(key: str, variable: str, text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{key} (from {variable})", f"expected a JSON object: {exc}") from exc
+    if not isinstance(value, dict):
+        raise ConfigError(f"{key} (from {variable})", f"expected a JSON object, got {text!r}")
+    return value
+
+
+def _build(raw: dict[str, Any], sources: dict[str, str]) -> Config:
+    for section in raw:
+        if section not in SECTIONS and section != _TRANSFORMS:
+            raise ConfigError(section, f"unknown section (known: {', '.join([*SECTIONS, _TRANSFORMS])})")
+    built: dict[str, Any] = {"transforms": _build_transforms(raw.get(_TRANSFORMS, {}), sources)}
+    for section, cls in SECTIONS.items():
+        values = raw.get(section, {})
+        if not isinstance(values, dict):
+            raise ConfigError(section, "expected a table")
+        built[section] = _build_section(section, cls, values, sources)
+    config = Config(**built)
+    validate(config)
+    return config
+
+
+def _build_transforms(values: Any, sources: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    where = f"{_TRANSFORMS} (from {sources[_TRANSFORMS]})" if _TRANSFORMS in sources else _TRANSFORMS
+    if not isinstance(values, dict):
+        raise ConfigError(where, 'expected a table of target = "expression"')
+    pairs = []
+    for target, expression in _flatten_targets(values):
+        if not isinstance(expression, str) or not expression.strip():
+            raise ConfigError(f"{where}.{target}", f"expected a JMESPath expression string, got {expression!r}")
+        pairs.append((target, expression))
+    return tuple(pairs)
+
+
+def _flatten_targets(values: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    """``meta.offset = "kafka.offset"`` in TOML is a nested table; the target is the dotted path."""
+    flat: list[tuple[str, Any]] = []
+    for key, value in values.items():
+        target = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.extend(_flatten_targets(value, f"{target}."))
+        else:
+            flat.append((target, value))
+    return flat
+
+
+def _build_section(section: str, cls: type[Any], values: dict[str, Any], sources: dict[str, str]) -> Any:
+    hints = _TYPE_HINTS[section]
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for key in values:
+        if key not in fields:
+            raise ConfigError(f"{section}.{key}", f"unknown key (known keys: {', '.join(fields)})")
+    kwargs: dict[str, Any] = {}
+    for name, spec in fields.items():
+        dotted = f"{section}.{name}"
+        if name not in values:
+            if spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING:
+                raise ConfigError(dotted, f"required key missing (expected {_describe(hints[name])})")
+            continue
+        where = f"{dotted} (from {sources[dotted]})" if dotted in sources else dotted
+        kwargs[name] = _convert(where, hints[name], values[name], secret=False)
+    return cls(**kwargs)
+
+
+def _describe(hint: Any) -> str:
+    origin = typing.get_origin(hint)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(v) for v in typing.get_args(hint))
+    if hint is bool:
+        return "true or false"
+    if hint is int:
+        return "an integer"
+    if hint is float:
+        return "a number"
+    if hint is str:
+        return "a string"
+    if origin is tuple:
+        return "a list of strings"
+    return "a table of string values"
+
+
+def _convert(where: str, hint: Any, value: Any, *, secret: bool) -> Any:
+    """Convert a TOML value (or an environment string) to ``hint``; raise naming ``where``."""
+    shown = MASK if secret else repr(value)
+    problem = f"expected {_describe(hint)}, got {shown}"
+    origin = typing.get_origin(hint)
+    if origin is Literal:
+        if value not in typing.get_args(hint):
+            raise ConfigError(where, problem)
+        return value
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+            return value.lower() in ("true", "1", "yes")
+        raise ConfigError(where, problem)
+    if hint is int:
+        if isinstance(value, bool):
+            raise ConfigError(where, problem)
+        if isinstance(value, int):
+            return value
+        if isinstance(value, str):
+            try:
+                return int(value.replace("_", ""))
+            except ValueError:
+                pass
+        raise ConfigError(where, problem)
+    if hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(where, problem)
+    if hint is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(where, problem)
+    if origin is tuple:
+        if isinstance(value, str):
+            value = [item.strip() for item in value.split(",") if item.strip()]
+        if isinstance(value, list) and all(isinstance(item, str) for item in value):
+            return tuple(value)
+        raise ConfigError(where, problem)
+    if origin in (Mapping, dict) or hint is Mapping or isinstance(hint, types.GenericAlias):
+        if not isinstance(value, dict):
+            raise ConfigError(where, problem)
+        converted = {}
+        for key, item in value.items():
+            if isinstance(item, bool):
+                item = "true" if item else "false"
+            elif isinstance(item, (int, float)):
+                item = str(item)
+            if not isinstance(item, str):
+                raise ConfigError(
+                    f"{where}.{key}", f"expected a string, got {MASK if is_secret_key(key) else repr(item)}"
+                )
+            converted[str(key)] = item
+        return converted
+    raise ConfigError(where, f"unsupported type {hint!r}")  # pragma: no cover - a bug in this module

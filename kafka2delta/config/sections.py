@@ -1,0 +1,358 @@
+"""The configuration's shape: one frozen dataclass per TOML section, every field documented with its
+unit and default, and :class:`Config`, the whole of it. Secrets are masked whenever it is shown.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+from urllib.parse import urlsplit, urlunsplit
+
+ENV_PREFIX = "K2D_"
+# table.metadata_columns: the Kafka metadata a row can record, and the column type a new table gets.
+METADATA_COLUMNS = {
+    "topic": "string",
+    "partition": "int",
+    "offset": "long",
+    "timestamp": "timestamp",
+    "timestamp_type": "int",
+    "key": "string",
+}
+MASK = "***"
+# A key holding one of these words, or a part named "key"/"pem", carries a secret.
+_SECRET_WORDS = ("password", "secret", "token", "credential")
+_SECRET_PARTS = frozenset({"key", "pem"})
+
+
+def is_secret_key(key: str) -> bool:
+    """``sasl.password``, ``ssl.key.pem``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_ACCESS_KEY_ID`` … are secrets."""
+    lowered = key.lower()
+    parts = set(re.split(r"[._]", lowered))
+    return any(word in lowered for word in _SECRET_WORDS) or bool(parts & _SECRET_PARTS)
+
+
+@dataclass(frozen=True)
+class KafkaConfig:
+    """``[kafka]``: where messages come from."""
+
+    bootstrap_servers: str
+    """Comma-separated ``host:port`` list. Required."""
+    topic: str
+    """The topic to ingest. Required."""
+    group_id: str = "kafka2delta"
+    """Consumer group; several daemons in one group share the topic's partitions."""
+    auto_offset_reset: Literal["earliest", "latest"] = "earliest"
+    """Where a partition starts when the table holds no offset for it yet."""
+    missing_offset_policy: Literal["fail", "earliest", "latest"] = "fail"
+    """What to do when the offset after the table's committed one is no longer on the broker
+    (deleted by retention): stop with an error, or jump to the earliest/latest offset (logged and counted)."""
+    consume_batch_size: int = 10_000
+    """Messages asked for in one consume call."""
+    consume_timeout_s: float = 0.2
+    """Longest wait of one consume call, seconds."""
+    settings: Mapping[str, str] = field(default_factory=dict)
+    """librdkafka settings passed as they are (SASL, TLS, fetch sizes …)."""
+
+
+@dataclass(frozen=True)
+class TableConfig:
+    """``[table]``: where rows go."""
+
+    uri: str
+    """Table location: a local path or an object-store URI. Required."""
+    app_id: str = ""
+    """Prefix of the Delta ``txn`` app ids (``<app_id>-<partition>``); default: the topic name."""
+    schema: Mapping[str, str] = field(default_factory=dict)
+    """Columns and types used to create the table when it does not exist (see ``schema.py``)."""
+    partition_by: tuple[str, ...] = ()
+    """Partition columns used when the table is created."""
+    storage_options: Mapping[str, str] = field(default_factory=dict)
+    """Object-store options passed to deltalake (``AWS_ENDPOINT_URL`` …)."""
+    checkpoint_interval: int = 10
+    """Write a Delta checkpoint every this many commits of this daemon."""
+    schema_evolution: Literal["none", "merge"] = "none"
+    """``merge``: a field the table lacks becomes a new nullable column (nested too) in the commit that
+    first carries it. ``none``: such fields are dropped and counted."""
+    metadata_columns: tuple[str, ...] = ()
+    """Kafka metadata recorded in every row, as columns ``kafka_<name>``: any of ``topic``, ``partition``,
+    ``offset``, ``timestamp``, ``timestamp_type``, ``key``. ``kafka2delta verify`` needs partition and offset."""
+
+
+@dataclass(frozen=True)
+class IngestConfig:
+    """``[ingest]``: when buffered messages become a commit."""
+
+    allowed_latency_s: float = 5.0
+    """Longest time a message waits in the buffer before it is committed, seconds."""
+    max_messages_per_file: int = 1_000_000
+    """Flush when one partition has buffered this many messages."""
+    min_bytes_per_file: int = 64 * 1024 * 1024
+    """Flush when one partition has buffered this many bytes (Arrow, uncompressed)."""
+    max_buffered_bytes: int = 256 * 1024 * 1024
+    """Flush when all partitions together have buffered this many bytes."""
+    compression: Literal["snappy", "zstd"] = "snappy"
+    """Parquet compression."""
+    progress_interval_s: float = 10.0
+    """How often a progress line (messages/s, commits, lag) is logged, seconds."""
+    max_commit_retries: int = 10
+    """Retries of a failed storage operation before the daemon gives up (backoff doubles, 30 s at most)."""
+
+
+@dataclass(frozen=True)
+class FormatConfig:
+    """``[format]``: how message values and keys are decoded."""
+
+    type: Literal["json", "avro", "protobuf", "raw"] = "json"
+    """``json`` (one object per message), ``avro`` (Confluent wire format through the registry, or bare
+    datums with ``avro_schema_file``), ``protobuf`` (Confluent wire format through the registry), ``raw``."""
+    gzip: bool = False
+    """``json``/``raw``: payloads are gzip-compressed (a payload that is not gzip is a dead letter)."""
+    avro_schema_file: str = ""
+    """``avro``: an ``.avsc`` file. Without a registry the payloads are bare Avro datums written with it;
+    with a registry it is the reader schema every writer schema is resolved to."""
+    raw_column: str = "value"
+    """``raw``: the column receiving the payload (a ``string`` column gets UTF-8 text, ``binary`` the bytes)."""
+    key: Literal["none", "string", "json", "avro"] = "none"
+    """How the message key is decoded for ``kafka.key`` in transforms (``avro`` needs the registry)."""
+
+
+@dataclass(frozen=True)
+class SchemaRegistryConfig:
+    """``[schema_registry]``: a registry speaking the Confluent REST API."""
+
+    url: str = ""
+    """Base URL, e.g. ``http://registry:8081`` (Apicurio: ``http://host:8080/apis/ccompat/v7``)."""
+    username: str = ""
+    """Basic-auth user (empty: no authentication)."""
+    password: str = ""
+    """Basic-auth password."""
+    timeout_s: float = 10.0
+    """Timeout of one registry request, seconds. A registry that does not answer is retried with backoff."""
+    cache_size: int = 1000
+    """Schemas kept in memory by id (a schema id never changes its schema, so entries never expire)."""
+
+
+@dataclass(frozen=True)
+class FilterConfig:
+    """``[filter]``: which messages to keep."""
+
+    expression: str = ""
+    """A JMESPath expression evaluated after the transforms; messages for which it is false or null are
+    skipped and counted (``kafka2delta_messages_skipped_total{reason="filtered"}``). Empty: keep all."""
+
+
+@dataclass(frozen=True)
+class CoercionConfig:
+    """``[coercions]``: how values are fitted to the table's column types."""
+
+    epoch_unit: Literal["s", "ms", "us"] = "ms"
+    """Unit of numbers coerced into ``timestamp``/``timestamp_ntz``/``date`` columns."""
+    epoch_units: Mapping[str, str] = field(default_factory=dict)
+    """Per-column override of ``epoch_unit`` (``"created" = "s"``, nested columns as ``"user.created"``)."""
+
+
+@dataclass(frozen=True)
+class DeadLetterConfig:
+    """``[dead_letters]``: where messages that fail a stage go."""
+
+    table_uri: str = ""
+    """The dead-letter Delta table (created if missing). Empty: ``<table.uri>_dead_letters``."""
+    topic: str = ""
+    """Also produce each dead letter to this Kafka topic, the error in headers (at least once). Empty: off."""
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    """``[metrics]``: Prometheus endpoint."""
+
+    port: int = 0
+    """Port of the ``/metrics`` HTTP endpoint on ``host``; 0 turns it off."""
+    host: str = "127.0.0.1"
+    """Address the metrics endpoint listens on."""
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    """``[logging]``."""
+
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    """Log level."""
+    format: Literal["plain", "json"] = "plain"
+    """``plain`` text lines, or ``json``: one JSON object per line (for log shippers)."""
+
+
+@dataclass(frozen=True)
+class SparkConfig:
+    """``[spark]``: the Spark session of ``kafka2delta maintain`` and ``kafka2delta jobs`` (never the daemon's)."""
+
+    master: str = "local[*]"
+    """Spark master URL; ``--master`` overrides it. Under ``spark-submit`` the submitted master is kept."""
+    app_name: str = "kafka2delta"
+    """Spark application name (the command is appended: ``kafka2delta-optimize``)."""
+    jars: tuple[str, ...] = ()
+    """Offline mode: local jar paths (delta-spark, delta-storage, spark-sql-kafka and its dependencies) set
+    as ``spark.jars``; nothing is fetched. Empty: the jars are resolved from Maven Central by Spark's Ivy."""
+    packages: tuple[str, ...] = ()
+    """Extra Maven coordinates fetched besides Delta's and the Kafka source's (e.g. ``hadoop-aws``)."""
+    ivy_dir: str = ""
+    """Ivy cache directory (``spark.jars.ivy``). Empty: Spark's default (``~/.ivy2.5.2``)."""
+    conf: Mapping[str, str] = field(default_factory=dict)
+    """Spark settings passed as they are (``"spark.executor.memory" = "2g"``); ``--conf k=v`` adds to them.
+    From the environment: ``K2D_SPARK__CONF__<key as written>``."""
+    log_level: Literal["ERROR", "WARN", "INFO", "DEBUG"] = "WARN"
+    """Log level of Spark's own (JVM) logger."""
+
+
+@dataclass(frozen=True)
+class CoordinatorConfig:
+    """``[coordinator]``: the job coordinator, a lock per table plus an expected predecessor (see coordinator.py)."""
+
+    backend: Literal["none", "file", "zookeeper"] = "none"
+    """``zookeeper`` (jobs on several hosts), ``file`` (one host: an fcntl lock in ``lock_dir``), ``none``."""
+    hosts: str = "127.0.0.1:2181"
+    """``zookeeper``: the connect string (``host:port,host:port[/chroot]``)."""
+    root: str = "/kafka2delta"
+    """``zookeeper``: the znode under which each resource has its lock and last registration."""
+    lock_dir: str = ""
+    """``file``: a local directory shared by every job of this host. Required with ``backend = "file"``."""
+    resource: str = ""
+    """Name of the shared resource; every job writing one table must use the same. Default: from ``table.uri``."""
+    lock_timeout_s: float = 10.0
+    """Longest wait for the lock, seconds; a job that does not get it skips this turn (it does not fail)."""
+    session_timeout_s: float = 10.0
+    """``zookeeper``: session timeout, seconds; a crashed job's lock is released after it."""
+    order: tuple[str, ...] = ()
+    """Job names in their cycle, e.g. ``["ingest", "mutate", "ttl", "optimize"]``: a job runs only when the last
+    registered job is the one before it (the last one's successor is the first). Empty: the lock alone."""
+    order_timeout_s: float = 0.0
+    """Run anyway when the last registration is older than this, seconds (a stopped predecessor would otherwise
+    hold the cycle forever). 0: never; the order is strict."""
+    join_ingest: bool = False
+    """The ingestion daemon takes a turn named ``ingest`` for each Delta commit (and an empty turn when it has
+    nothing to commit, so that a strict ``order`` keeps cycling). Off: its blind appends need no lock."""
+
+
+@dataclass(frozen=True)
+class JobsConfig:
+    """``[jobs]``: the streaming jobs that change the table (``kafka2delta jobs mutate | ttl``)."""
+
+    mutation_topic: str = ""
+    """Topic of mutation requests (``{"op": "update", "match": {...}, "set": {...}}`` or ``"delete"``)."""
+    ttl_topic: str = ""
+    """Topic of GDPR delete requests (``{"subject_id": "..."}``)."""
+    subject_column: str = ""
+    """Column holding the subject id that GDPR requests delete by. Required for ``jobs ttl`` with ``ttl_topic``."""
+    retention_column: str = ""
+    """A date/timestamp column: ``jobs ttl`` deletes rows older than ``retention_days``. Empty: no retention."""
+    retention_days: float = 0.0
+    """Age in days after which rows are deleted by ``jobs ttl`` (with ``retention_column``); 0: off."""
+    checkpoint_dir: str = ""
+    """Where the streaming queries keep their checkpoints (``<dir>/<job name>``, e.g. ``<dir>/mutate``).
+    Default: ``<table.uri>_checkpoints``."""
+    trigger_interval_s: float = 10.0
+    """Seconds between two turns of a running job (each turn processes what is available, under the lock)."""
+    max_requests_per_batch: int = 10_000
+    """Most requests one micro-batch takes (Spark's ``maxOffsetsPerTrigger``)."""
+    starting_offsets: Literal["earliest", "latest"] = "earliest"
+    """Where a request topic is read from the first time (no checkpoint yet)."""
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole configuration, one section per TOML table."""
+
+    kafka: KafkaConfig
+    table: TableConfig
+    ingest: IngestConfig = field(default_factory=IngestConfig)
+    format: FormatConfig = field(default_factory=FormatConfig)
+    schema_registry: SchemaRegistryConfig = field(default_factory=SchemaRegistryConfig)
+    transforms: tuple[tuple[str, str], ...] = ()
+    """``[transforms]``: ``target = "JMESPath expression"`` pairs, applied in the order written."""
+    filter: FilterConfig = field(default_factory=FilterConfig)
+    coercions: CoercionConfig = field(default_factory=CoercionConfig)
+    dead_letters: DeadLetterConfig = field(default_factory=DeadLetterConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    spark: SparkConfig = field(default_factory=SparkConfig)
+    coordinator: CoordinatorConfig = field(default_factory=CoordinatorConfig)
+    jobs: JobsConfig = field(default_factory=JobsConfig)
+
+    @property
+    def app_id(self) -> str:
+        return self.table.app_id or self.kafka.topic
+
+    @property
+    def metadata_transforms(self) -> tuple[tuple[str, str], ...]:
+        """The transforms that fill ``table.metadata_columns`` (after the configured ones)."""
+        return tuple((f"kafka_{name}", f"kafka.{name}") for name in self.table.metadata_columns)
+
+    def create_schema_columns(self) -> dict[str, str]:
+        """``table.schema`` plus the metadata columns it does not name: the columns of a new table."""
+        columns = dict(self.table.schema)
+        for name in self.table.metadata_columns:
+            columns.setdefault(f"kafka_{name}", METADATA_COLUMNS[name])
+        return columns
+
+    @property
+    def dead_letter_table_uri(self) -> str:
+        return self.dead_letters.table_uri or f"{self.table.uri.rstrip('/')}_dead_letters"
+
+    def secret_values(self) -> list[str]:
+        """Every secret value in the config, for log redaction."""
+        secrets = [v for k, v in self.kafka.settings.items() if is_secret_key(k) and v]
+        secrets += [v for k, v in self.table.storage_options.items() if is_secret_key(k) and v]
+        secrets += [v for k, v in self.spark.conf.items() if is_secret_key(k) and v]
+        if self.schema_registry.password:
+            secrets.append(self.schema_registry.password)
+        return secrets
+
+    def summary(self) -> list[str]:
+        """The settings that matter, one readable line per concern, secrets masked (logged at start)."""
+        kafka, table, ingest, fmt = self.kafka, self.table, self.ingest, self.format
+        registry = _without_credentials(self.schema_registry.url) if self.schema_registry.url else "none"
+        dead_letters = self.dead_letter_table_uri + (
+            f", topic {self.dead_letters.topic}" if self.dead_letters.topic else ""
+        )
+        return [
+            f"kafka: topic {kafka.topic}, group {kafka.group_id}, brokers {kafka.bootstrap_servers}, "
+            f"auto_offset_reset {kafka.auto_offset_reset}, missing_offset_policy {kafka.missing_offset_policy}",
+            f"table: {_without_credentials(table.uri)} (txn app id {self.app_id}-<partition>), "
+            f"schema_evolution {table.schema_evolution}, partition_by {list(table.partition_by) or 'none'}",
+            f"dead letters: {dead_letters}",
+            f"format: {fmt.type}{' (gzip)' if fmt.gzip else ''}, key {fmt.key}, schema registry {registry}, "
+            f"{len(self.transforms)} transforms, filter {self.filter.expression or 'none'}",
+            f"commit when the first limit is reached: {ingest.allowed_latency_s:g} s latency, "
+            f"{ingest.max_messages_per_file:,} messages or {_mib(ingest.min_bytes_per_file)} per partition, "
+            f"{_mib(ingest.max_buffered_bytes)} buffered in all; Parquet {ingest.compression}",
+            f"metrics and status page: {f'{self.metrics.host}:{self.metrics.port}' if self.metrics.port else 'off'}; "
+            f"coordinator: {self.coordinator.backend}{' (ingest joins)' if self.coordinator.join_ingest else ''}",
+        ]
+
+    def masked(self) -> dict[str, Any]:
+        """The config as a dict with every secret replaced by ``***``: safe to print."""
+
+        def mask(mapping: Mapping[str, str]) -> dict[str, str]:
+            return {k: (MASK if is_secret_key(k) else v) for k, v in mapping.items()}
+
+        data = dataclasses.asdict(self)
+        data["kafka"]["settings"] = mask(self.kafka.settings)
+        data["table"]["storage_options"] = mask(self.table.storage_options)
+        data["spark"]["conf"] = mask(self.spark.conf)
+        if self.schema_registry.password:
+            data["schema_registry"]["password"] = MASK
+        return data
+
+
+def _without_credentials(uri: str) -> str:
+    """``uri`` with any ``user:password@`` removed (object-store and registry URLs may carry them)."""
+    parts = urlsplit(uri)
+    if "@" not in parts.netloc:
+        return uri
+    return urlunsplit(parts._replace(netloc=f"{MASK}@{parts.netloc.rsplit('@', 1)[1]}"))
+
+
+def _mib(size: int) -> str:
+    return f"{size / (1024 * 1024):g} MiB"

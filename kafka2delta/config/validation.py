@@ -1,0 +1,169 @@
+"""Checks across keys and value ranges, run once at start; each failure names its key."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from kafka2delta.config.sections import METADATA_COLUMNS, Config
+from kafka2delta.errors import ConfigError
+from kafka2delta.schema import parse_schema
+
+
+def validate(config: Config) -> None:
+    """Checks across keys and value ranges, each naming its key."""
+    must_be_positive: dict[str, tuple[float, str]] = {
+        "kafka.consume_batch_size": (config.kafka.consume_batch_size, "a positive integer"),
+        "table.checkpoint_interval": (config.table.checkpoint_interval, "a positive integer"),
+        "ingest.max_messages_per_file": (config.ingest.max_messages_per_file, "a positive integer"),
+        "ingest.min_bytes_per_file": (config.ingest.min_bytes_per_file, "a positive integer"),
+        "ingest.max_buffered_bytes": (config.ingest.max_buffered_bytes, "a positive integer"),
+        "kafka.consume_timeout_s": (config.kafka.consume_timeout_s, "a positive number of seconds"),
+        "ingest.allowed_latency_s": (config.ingest.allowed_latency_s, "a positive number of seconds"),
+        "ingest.progress_interval_s": (config.ingest.progress_interval_s, "a positive number of seconds"),
+        "schema_registry.timeout_s": (config.schema_registry.timeout_s, "a positive number of seconds"),
+        "schema_registry.cache_size": (config.schema_registry.cache_size, "a positive integer"),
+    }
+    for key, (number, expected) in must_be_positive.items():
+        if number <= 0:
+            raise ConfigError(key, f"expected {expected}, got {number}")
+    if config.ingest.max_commit_retries < 0:
+        raise ConfigError("ingest.max_commit_retries", "expected 0 or more")
+    if not 0 <= config.metrics.port <= 65535:
+        raise ConfigError("metrics.port", f"expected a port 0..65535, got {config.metrics.port}")
+    for key, text in (
+        ("kafka.bootstrap_servers", config.kafka.bootstrap_servers),
+        ("kafka.topic", config.kafka.topic),
+        ("table.uri", config.table.uri),
+    ):
+        if not text.strip():
+            raise ConfigError(key, "must not be empty")
+    reserved = {"group.id", "enable.auto.commit", "enable.auto.offset.store", "bootstrap.servers"}
+    for key in config.kafka.settings:
+        if key in reserved:
+            raise ConfigError(f"kafka.settings.{key}", "is set by kafka2delta itself; use the [kafka] keys instead")
+    if config.table.schema:
+        try:
+            schema = parse_schema(config.table.schema)
+        except ValueError as exc:
+            raise ConfigError("table.schema", str(exc)) from exc
+        for column in config.table.partition_by:
+            if column not in schema.names:
+                raise ConfigError("table.partition_by", f"column {column!r} is not in table.schema")
+    _validate_format(config)
+    _validate_spark_jobs(config)
+    for name in config.table.metadata_columns:
+        if name not in METADATA_COLUMNS:
+            raise ConfigError("table.metadata_columns", f"unknown {name!r} (known: {', '.join(METADATA_COLUMNS)})")
+    for column, unit in config.coercions.epoch_units.items():
+        if unit not in ("s", "ms", "us"):
+            raise ConfigError(f"coercions.epoch_units.{column}", f"expected one of 's', 'ms', 'us', got {unit!r}")
+
+
+# S3 options that change how delta-rs commits, by their normalised name (lower case, no "aws_" prefix);
+# delta-rs also reads them from the process environment (AWS_CONDITIONAL_PUT …).
+_S3_COMMIT_OPTIONS = ("conditional_put", "s3_allow_unsafe_rename", "s3_locking_provider")
+
+
+def validate_storage_options(config: Config, environ: Mapping[str, str], sources: dict[str, str]) -> None:
+    """Refuse object-store settings under which a commit is not a put-if-absent.
+
+    deltalake (>= 1.0) commits each log version on S3 with ``PUT`` + ``If-None-Match: *``, so two
+    writers can never both commit one version; only ``conditional_put = "disabled"`` turns that off
+    (every commit then fails). The DynamoDB locking provider is gone from delta-rs 1.x (ignored, so
+    Spark writers coordinating through DynamoDB would not see our commits), and
+    ``AWS_S3_ALLOW_UNSAFE_RENAME`` asks for commits without mutual exclusion.
+    """
+    found: list[tuple[str, str, str]] = []  # (normalised name, where, value)
+    for key, value in config.table.storage_options.items():
+        where = sources.get(f"table.storage_options.{key}", f"table.storage_options.{key}")
+        found.append((key.lower().removeprefix("aws_"), where, value))
+    for key, value in environ.items():
+        if key.upper().startswith("AWS_"):
+            found.append((key.lower().removeprefix("aws_"), key, value))
+    for name, where, value in found:
+        if name not in _S3_COMMIT_OPTIONS:
+            continue
+        text = value.strip().lower()
+        if name == "conditional_put" and text == "disabled":
+            raise ConfigError(
+                where,
+                "must not be 'disabled': commits are put-if-absent (If-None-Match: *), so two writers never "
+                "commit one log version; remove it (the default) or set 'etag'",
+            )
+        if name == "s3_allow_unsafe_rename" and text in ("1", "true", "yes", "on"):
+            raise ConfigError(
+                where,
+                "would allow commits without mutual exclusion; kafka2delta needs put-if-absent commits "
+                "(deltalake's default on S3): remove it",
+            )
+        if name == "s3_locking_provider" and text:
+            raise ConfigError(
+                where,
+                "deltalake >= 1.0 has no DynamoDB locking provider (it is ignored): commits are put-if-absent "
+                "on the bucket itself, which the store must support (AWS S3, MinIO, R2 …); remove it",
+            )
+
+
+def _validate_format(config: Config) -> None:
+    fmt, registry = config.format, config.schema_registry
+    if registry.url and not re.match(r"https?://", registry.url):
+        raise ConfigError("schema_registry.url", f"expected an http:// or https:// URL, got {registry.url!r}")
+    if fmt.type == "avro" and not (registry.url or fmt.avro_schema_file):
+        raise ConfigError(
+            "format.type", "avro needs schema_registry.url (Confluent wire format) or format.avro_schema_file"
+        )
+    if fmt.type == "protobuf" and not registry.url:
+        raise ConfigError("format.type", "protobuf needs schema_registry.url (Confluent wire format)")
+    if fmt.key == "avro" and not registry.url:
+        raise ConfigError("format.key", "avro keys need schema_registry.url")
+    if fmt.gzip and fmt.type not in ("json", "raw"):
+        raise ConfigError("format.gzip", f"gzip applies to json and raw payloads, not {fmt.type}")
+    if fmt.avro_schema_file and fmt.type != "avro":
+        raise ConfigError("format.avro_schema_file", f"is only used with format.type = 'avro', not {fmt.type!r}")
+    if registry.password and not registry.username:
+        raise ConfigError("schema_registry.username", "is required when schema_registry.password is set")
+
+
+def _validate_spark_jobs(config: Config) -> None:
+    """The ``[spark]``, ``[coordinator]`` and ``[jobs]`` sections (used by ``maintain`` and ``jobs`` only)."""
+    coordinator, jobs = config.coordinator, config.jobs
+    for key, number in (
+        ("coordinator.lock_timeout_s", coordinator.lock_timeout_s),
+        ("coordinator.session_timeout_s", coordinator.session_timeout_s),
+        ("jobs.trigger_interval_s", jobs.trigger_interval_s),
+        ("jobs.max_requests_per_batch", jobs.max_requests_per_batch),
+    ):
+        if number <= 0:
+            raise ConfigError(key, f"expected a positive number, got {number}")
+    for key, number in (
+        ("coordinator.order_timeout_s", coordinator.order_timeout_s),
+        ("jobs.retention_days", jobs.retention_days),
+    ):
+        if number < 0:
+            raise ConfigError(key, f"expected 0 or more, got {number}")
+    if not config.spark.master.strip():
+        raise ConfigError("spark.master", "must not be empty")
+    if coordinator.backend == "file" and not coordinator.lock_dir.strip():
+        raise ConfigError("coordinator.lock_dir", "is required with coordinator.backend = 'file'")
+    if coordinator.backend == "zookeeper":
+        if not coordinator.hosts.strip():
+            raise ConfigError("coordinator.hosts", "is required with coordinator.backend = 'zookeeper'")
+        root = coordinator.root
+        if not root.startswith("/") or (root.endswith("/") and root != "/"):
+            raise ConfigError("coordinator.root", f"expected an absolute znode path like /kafka2delta, got {root!r}")
+    if "/" in coordinator.resource:
+        raise ConfigError("coordinator.resource", f"must not contain '/', got {coordinator.resource!r}")
+    if jobs.max_requests_per_batch >= 1_000_000:  # txnVersion = batch id * 1,000,000 + group (spark/mutations.py)
+        raise ConfigError(
+            "jobs.max_requests_per_batch", f"expected fewer than 1000000, got {jobs.max_requests_per_batch}"
+        )
+    if len(set(coordinator.order)) != len(coordinator.order):
+        raise ConfigError("coordinator.order", f"lists a job twice: {list(coordinator.order)}")
+    if coordinator.join_ingest and coordinator.backend == "none":
+        raise ConfigError("coordinator.join_ingest", "needs coordinator.backend = 'file' or 'zookeeper'")
+    if bool(jobs.retention_column) != bool(jobs.retention_days):
+        raise ConfigError(
+            "jobs.retention_days" if jobs.retention_column else "jobs.retention_column",
+            "retention needs both jobs.retention_column and jobs.retention_days",
+        )

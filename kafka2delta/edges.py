@@ -1,0 +1,140 @@
+"""The edges as the loop sees them: small Protocols, in the order a message travels.
+
+``Source`` (Kafka) → the pure stages → ``TableWriter`` (the Delta table) and ``DeadLetterStore``
+(the dead-letter table, with an optional ``DeadLetterProducer`` for the dead-letter topic). The real
+edges (:class:`kafka2delta.kafka.KafkaSource`, :class:`kafka2delta.writer.DeltaWriter`,
+:class:`kafka2delta.dead_letters.DeadLetterTable`, :class:`kafka2delta.kafka.DeadLetterTopic`) satisfy
+them where the CLI wires them up; the in-memory fakes of ``tests/support`` satisfy them too, and
+mypy checks both. The loop (:mod:`kafka2delta.runner`) imports these, never the edges themselves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+import pyarrow as pa
+
+from kafka2delta.offsets import LogicalOffset
+from kafka2delta.records import ConsumedBatch, DeadLetter, OffsetRange
+
+if TYPE_CHECKING:
+    from deltalake.transaction import AddAction
+
+
+class RebalanceListener(Protocol):
+    """What the source calls back inside ``consume`` when the group's assignment changes."""
+
+    def assigned(self, partitions: list[int]) -> dict[int, int | LogicalOffset]:
+        """Partitions given to us; return where each starts."""
+        ...
+
+    def revoked(self, partitions: list[int]) -> None:
+        """Partitions taken from us in an orderly way: commit what is buffered for them now."""
+        ...
+
+    def lost(self, partitions: list[int]) -> None:
+        """Partitions taken from us without notice: another owner may already commit them."""
+        ...
+
+
+class Source(Protocol):
+    """One topic of a consumer group: messages in, positions set by the loop, lag for the gauges."""
+
+    def start(self, listener: RebalanceListener) -> None:
+        """Join the group; the listener decides where each assigned partition starts."""
+        ...
+
+    def consume(self, max_messages: int, timeout: float) -> ConsumedBatch:
+        """Up to ``max_messages`` messages, grouped by partition (rebalance callbacks run inside)."""
+        ...
+
+    def seek(self, partition: int, start: int | LogicalOffset) -> None:
+        """Fetch ``partition`` from ``start`` next (a resync after a conflict or a schema change)."""
+        ...
+
+    def commit_group_offsets(self, next_offsets: Mapping[int, int]) -> None:
+        """Record progress in the group for lag tools only; recovery never reads it."""
+        ...
+
+    def watermarks(self, partition: int, cached: bool = False) -> tuple[int, int]:
+        """(low, high) watermarks; ``cached`` answers from the last fetch without a broker round trip."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class TableWriter(Protocol):
+    """The Delta table: Parquet files, then ONE commit holding the files and a txn per partition."""
+
+    schema: pa.Schema
+    """The table schema as of the last refresh or commit."""
+
+    @property
+    def uri(self) -> str: ...
+
+    @property
+    def version(self) -> int: ...
+
+    def refresh_schema(self) -> pa.Schema:
+        """Read the newest table version and return its schema."""
+        ...
+
+    def committed_offsets(self, partitions: Iterable[int]) -> dict[int, int | None]:
+        """The txn versions of ``partitions`` in the newest table version."""
+        ...
+
+    def write_files(self, topic: str, partition: int, offsets: OffsetRange, rows: pa.Table) -> list[AddAction]:
+        """Parquet files for the rows of one Kafka partition; RowsRejected names rows Parquet refuses."""
+        ...
+
+    def check_rows(self, rows: pa.Table) -> None:
+        """RowsRejected when Parquet refuses some rows (for commits delta-rs writes itself)."""
+        ...
+
+    def commit(
+        self,
+        actions: Sequence[AddAction],
+        expected: Mapping[int, int | None],
+        versions: Mapping[int, int],
+        metadata: dict[str, Any],
+    ) -> int:
+        """Commit ``actions`` with the txn ``versions``; CommitConflict, SchemaChanged or RetryableError."""
+        ...
+
+    def commit_evolution(
+        self,
+        rows: pa.Table,
+        expected: Mapping[int, int | None],
+        versions: Mapping[int, int],
+        metadata: dict[str, Any],
+    ) -> int:
+        """Commit ``rows`` whose schema adds columns, the new schema and the txns in one commit."""
+        ...
+
+
+class DeadLetterStore(Protocol):
+    """The dead-letter table, with its own txn per partition (committed before the main table's)."""
+
+    @property
+    def uri(self) -> str: ...
+
+    def committed_offsets(self, partitions: Iterable[int]) -> dict[int, int | None]: ...
+
+    def recorded_offsets(self, partition: int, after: int | None, upto: int) -> set[int]:
+        """Offsets in (after, upto] of ``partition`` that are dead letters in the table."""
+        ...
+
+    def commit(
+        self,
+        letters: Mapping[int, Sequence[DeadLetter]],
+        expected: Mapping[int, int | None],
+        versions: Mapping[int, int],
+        metadata: dict[str, Any],
+    ) -> int: ...
+
+
+class DeadLetterProducer(Protocol):
+    """The optional dead-letter topic (at least once: produced before the table commit)."""
+
+    def produce(self, letters: Sequence[DeadLetter]) -> None: ...

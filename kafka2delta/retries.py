@@ -1,0 +1,61 @@
+"""Retrying what storage or the broker refuse for a while: backoff, counted, visible, bounded.
+
+An operation that raises :class:`RetryableError` is tried again after 0.5 s, 1 s, 2 s … (at most 30 s),
+up to ``ingest.max_commit_retries`` retries; then :class:`FatalError` names the operation and the
+daemon exits non-zero (a restart replays from the Delta log). Offsets stay where they are meanwhile.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TypeVar
+
+from kafka2delta.errors import FatalError, RetryableError
+from kafka2delta.metrics import Metrics
+from kafka2delta.status import StatusBoard
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_MAX_BACKOFF_S = 30.0
+# Retried operations that do not touch the tables (readiness only reports the table's).
+_NOT_TABLE_OPERATIONS = frozenset({"consume", "watermarks", "processing", "coordinator turn"})
+
+
+class Retrier:
+    def __init__(
+        self, *, max_retries: int, metrics: Metrics, board: StatusBoard, sleep: Callable[[float], None]
+    ) -> None:
+        self._max_retries = max_retries
+        self._metrics = metrics
+        self._board = board
+        self._sleep = sleep
+
+    def run(self, what: str, operation: Callable[[], T]) -> T:
+        """``operation()``, retried while it raises RetryableError; ``what`` names it in logs and errors."""
+        attempt = 0
+        while True:
+            try:
+                result = operation()
+            except RetryableError as exc:
+                attempt += 1
+                self.backoff(attempt, what, exc)
+            else:
+                if attempt and what not in _NOT_TABLE_OPERATIONS:
+                    self._board.table_reachable()
+                return result
+
+    def backoff(self, attempt: int, what: str, exc: Exception) -> None:
+        """Wait before retry ``attempt`` of ``what``; FatalError once the retries are used up."""
+        limit = self._max_retries
+        self._metrics.storage_retry()
+        if what not in _NOT_TABLE_OPERATIONS:
+            self._board.table_unreachable(f"{what}: {exc}")
+        self._board.loop_turned()  # waiting on purpose is alive; /readyz tells the table is not reachable
+        if attempt > limit:
+            raise FatalError(f"{what} still failing after {limit} retries: {exc}") from exc
+        delay = min(_MAX_BACKOFF_S, 0.5 * 2 ** (attempt - 1))
+        logger.warning("%s failed (attempt %d of %d), retrying in %.1f s: %s", what, attempt, limit, delay, exc)
+        self._sleep(delay)

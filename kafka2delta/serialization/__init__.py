@@ -1,0 +1,137 @@
+"""Deserializers: payload bytes (and keys) of many messages → documents (stage ``deserialize``).
+
+This package's face: :func:`build_deserializer` (the factory for ``[format]`` and ``format.key``) and
+the public names. One module per format (``json``, ``raw``, ``avro``, ``protobuf``); ``base`` holds what
+they all share (the protocol, the decode skeleton, gzip, the Confluent header) and ``typed`` the fast
+lane of the schema-typed formats.
+
+Two lanes, one contract:
+
+* :meth:`Deserializer.decode` — the fast lane: one Arrow table for the batch (JSON through Arrow's
+  C++ reader, Avro/Protobuf records converted with their writer schema's Arrow type). Messages it
+  cannot put in the table go to ``documents`` (decoded the slow way) or ``failures`` (dead letters).
+* :meth:`Deserializer.document` — the reference lane: one message → one dict of Python values.
+
+A message's outcome (dead letter or not, and its values) depends only on the message itself, never
+on its neighbours in the batch, so a replay after a crash gives the same result. The *lane* a valid
+message takes may depend on its neighbours in one case: two messages whose values give one field
+incompatible Arrow types (JSON: an unknown field that is a string here and a number there; Avro/
+Protobuf: two schema versions that changed a field's type) cannot share a table, so one side is sent
+to the reference lane. Its values are the same either way (the coercion stage fits both lanes to the
+table identically).
+
+A registry outage is a :class:`RetryableError` (raised, never a dead letter); an unknown schema id,
+a wrong magic byte, truncated bytes, invalid UTF-8, invalid JSON or a non-object JSON value are
+:class:`MessageError` (stage ``deserialize``).
+
+Formats:
+
+* ``json``: one JSON object per message; Arrow's JSON reader in one call per clean batch, bad
+  messages found by bisection; the reference lane is orjson (the standard ``json`` module when orjson
+  is absent, and for payloads with integers beyond 64 bits, which orjson would turn into floats).
+* ``avro``: Confluent wire format through the registry (writer schema by id, optional reader schema
+  file), or bare datums written with ``format.avro_schema_file``; :func:`avro_to_arrow` gives the types.
+* ``protobuf``: Confluent wire format through the registry; the ``.proto`` text is compiled by protoc
+  (bundled in ``grpcio-tools``) once per schema id; :func:`protobuf_to_arrow` gives the types.
+* ``raw``: the payload as one column (UTF-8 text or bytes).
+"""
+
+from __future__ import annotations
+
+from kafka2delta.config import FormatConfig
+from kafka2delta.errors import ConfigError
+from kafka2delta.registry import SchemaRegistry
+from kafka2delta.serialization.avro import (
+    MAX_AVRO_DEPTH,
+    AvroCodec,
+    AvroDeserializer,
+    AvroSchema,
+    avro_to_arrow,
+    load_avro_schema_file,
+)
+from kafka2delta.serialization.base import (
+    MAX_DECOMPRESSED_BYTES,
+    MAX_DOCUMENT_DEPTH,
+    Decoded,
+    Deserializer,
+    KeyDecoder,
+    decode_error,
+    gunzip,
+    split_confluent,
+    utf8_reason,
+)
+from kafka2delta.serialization.json import JsonDeserializer, json_readable, parse_json, parse_json_object
+from kafka2delta.serialization.protobuf import (
+    ProtobufCodec,
+    ProtobufDeserializer,
+    compile_proto,
+    protobuf_to_arrow,
+    read_message_indexes,
+)
+from kafka2delta.serialization.raw import RawDeserializer
+
+__all__ = [
+    "MAX_AVRO_DEPTH",
+    "MAX_DECOMPRESSED_BYTES",
+    "MAX_DOCUMENT_DEPTH",
+    "AvroDeserializer",
+    "AvroSchema",
+    "Decoded",
+    "Deserializer",
+    "JsonDeserializer",
+    "ProtobufDeserializer",
+    "RawDeserializer",
+    "avro_to_arrow",
+    "build_deserializer",
+    "compile_proto",
+    "gunzip",
+    "json_readable",
+    "load_avro_schema_file",
+    "parse_json",
+    "parse_json_object",
+    "protobuf_to_arrow",
+    "read_message_indexes",
+    "split_confluent",
+]
+
+
+def build_deserializer(format: FormatConfig, registry: SchemaRegistry | None, topic: str) -> Deserializer:
+    """The deserializer for ``[format]``; ConfigError when the configuration cannot work
+    (an unreadable ``avro_schema_file``, protobuf or Avro keys without a registry)."""
+    keys = _build_key_decoder(format, registry)
+    if format.type == "json":
+        return JsonDeserializer(keys, gzip=format.gzip)
+    if format.type == "raw":
+        return RawDeserializer(keys, column=format.raw_column, gzip=format.gzip)
+    if format.type == "avro":
+        reader = load_avro_schema_file(format.avro_schema_file) if format.avro_schema_file else None
+        if registry is None and reader is None:
+            raise ConfigError("format.type", "avro needs schema_registry.url or format.avro_schema_file")
+        return AvroDeserializer(keys, AvroCodec(registry, reader), topic=topic)
+    if format.type == "protobuf":
+        if registry is None:
+            raise ConfigError("format.type", "protobuf needs schema_registry.url (Confluent wire format)")
+        return ProtobufDeserializer(keys, ProtobufCodec(registry), topic=topic)
+    raise ConfigError("format.type", f"unknown format {format.type!r}")
+
+
+def _build_key_decoder(format: FormatConfig, registry: SchemaRegistry | None) -> KeyDecoder | None:
+    if format.key == "none":
+        return None
+    if format.key == "string":
+        return _string_key
+    if format.key == "json":
+        return parse_json
+    if format.key == "avro":
+        if registry is None:
+            raise ConfigError("format.key", "avro keys need schema_registry.url")
+        codec = AvroCodec(registry, None)
+        return codec.read_any
+    raise ConfigError("format.key", f"unknown key format {format.key!r}")
+
+
+def _string_key(raw: bytes) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise decode_error(utf8_reason(raw, "key")) from exc

@@ -1,0 +1,479 @@
+"""Protobuf payloads (``format.type = "protobuf"``): the Confluent wire format (magic byte, schema id,
+message indexes, message) through the schema registry. The ``.proto`` text is compiled by protoc
+(bundled in ``grpcio-tools``) once per schema id; :func:`protobuf_to_arrow` gives the Arrow types.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import datetime as dt
+import functools
+import importlib
+import os
+import re
+import tempfile
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory  # type: ignore[import-untyped]
+from google.protobuf.descriptor import FieldDescriptor as F  # type: ignore[import-untyped]
+from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
+
+from kafka2delta.records import PartitionMessages
+from kafka2delta.registry import RegisteredSchema, SchemaRegistry
+from kafka2delta.serialization.base import (
+    CONFLUENT_HEADER_BYTES,
+    BaseDeserializer,
+    Decoded,
+    KeyDecoder,
+    decode_error,
+    split_confluent,
+)
+from kafka2delta.serialization.typed import BrokenSchema, Convert, Shape, grouped_decode, remember_schema
+
+
+def _read_varint(data: bytes, offset: int) -> tuple[int, int]:
+    """A zigzag varint at ``offset``: (value, next offset)."""
+    result = 0
+    shift = 0
+    while True:
+        if offset >= len(data):
+            raise decode_error("truncated: the Confluent message-index array ends early")
+        byte = data[offset]
+        offset += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            break
+        shift += 7
+        if shift > 63:
+            raise decode_error("not Confluent wire format: a message index varint is longer than 10 bytes")
+    return (result >> 1) ^ -(result & 1), offset
+
+
+def read_message_indexes(payload: bytes, offset: int = CONFLUENT_HEADER_BYTES) -> tuple[tuple[int, ...], int]:
+    """The Confluent message-index path after the header, and the offset of the message bytes.
+
+    A count (zigzag varint) then that many indexes; a count of 0 means ``[0]``, the first message
+    type of the file.
+    """
+    count, offset = _read_varint(payload, offset)
+    if count == 0:
+        return (0,), offset
+    if count < 0 or count > len(payload):  # every index takes at least one byte
+        raise decode_error(f"not Confluent wire format: message-index count {count}")
+    indexes: list[int] = []
+    for _ in range(count):
+        index, offset = _read_varint(payload, offset)
+        indexes.append(index)
+    return tuple(indexes), offset
+
+
+_WRAPPERS = {
+    "google.protobuf.DoubleValue": pa.float64(),
+    "google.protobuf.FloatValue": pa.float32(),
+    "google.protobuf.Int64Value": pa.int64(),
+    "google.protobuf.UInt64Value": pa.decimal128(20, 0),
+    "google.protobuf.Int32Value": pa.int32(),
+    "google.protobuf.UInt32Value": pa.int64(),
+    "google.protobuf.BoolValue": pa.bool_(),
+    "google.protobuf.StringValue": pa.string(),
+    "google.protobuf.BytesValue": pa.binary(),
+}
+_TIMESTAMP = "google.protobuf.Timestamp"
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
+def _proto_scalar_types() -> dict[int, pa.DataType]:
+    return {
+        F.TYPE_DOUBLE: pa.float64(),
+        F.TYPE_FLOAT: pa.float32(),
+        F.TYPE_INT64: pa.int64(),
+        F.TYPE_SINT64: pa.int64(),
+        F.TYPE_SFIXED64: pa.int64(),
+        F.TYPE_UINT64: pa.decimal128(20, 0),
+        F.TYPE_FIXED64: pa.decimal128(20, 0),
+        F.TYPE_INT32: pa.int32(),
+        F.TYPE_SINT32: pa.int32(),
+        F.TYPE_SFIXED32: pa.int32(),
+        F.TYPE_UINT32: pa.int64(),
+        F.TYPE_FIXED32: pa.int64(),
+        F.TYPE_BOOL: pa.bool_(),
+        F.TYPE_STRING: pa.string(),
+        F.TYPE_BYTES: pa.binary(),
+        F.TYPE_ENUM: pa.string(),
+    }
+
+
+def _is_repeated(f: Any) -> bool:
+    repeated = getattr(f, "is_repeated", None)  # protobuf ≥ 6; older versions only have ``label``
+    if repeated is not None:
+        return bool(repeated)
+    return bool(f.label == f.LABEL_REPEATED)
+
+
+def _is_map(f: Any) -> bool:
+    return bool(f.message_type is not None and f.message_type.GetOptions().map_entry and _is_repeated(f))
+
+
+def protobuf_to_arrow(descriptor: Any) -> pa.DataType:
+    """The Arrow type of messages of a protobuf ``Descriptor``.
+
+    message → struct (proto field names, declaration order); double → float64; float → float32;
+    int32/sint32/sfixed32 → int32; int64/sint64/sfixed64 → int64; uint32/fixed32 → int64;
+    uint64/fixed64 → decimal128(20, 0); bool → bool; string → string; bytes → binary; enum →
+    string (the value's name); repeated → list; map → map<K, V>; google.protobuf.Timestamp →
+    timestamp(us, UTC); the wrapper types (Int64Value …) → their scalar type, null when unset.
+    A recursive message has no faithful Arrow type: string (its messages take the reference lane).
+    """
+    return _ProtoShapes().record(descriptor).arrow
+
+
+class _ProtoShapes:
+    """Arrow types and dict converters per message descriptor, built once per message type."""
+
+    def __init__(self) -> None:
+        self._scalars = _proto_scalar_types()
+
+    def shape(self, descriptor: Any, stack: tuple[str, ...] = ()) -> Shape:
+        """The shape of a message-typed field's value (``fix`` converts the message object)."""
+        name = descriptor.full_name
+        if name in stack:
+            return Shape(pa.string(), None, True)
+        if name == _TIMESTAMP:
+            return Shape(pa.timestamp("us", "UTC"), _timestamp, False)
+        return self.record(descriptor, stack)
+
+    def record(self, descriptor: Any, stack: tuple[str, ...] = ()) -> Shape:
+        """The struct of a message (also for a top-level Timestamp); ``fix`` converts it to a dict."""
+        inner = (*stack, descriptor.full_name)
+        fields: list[pa.Field] = []
+        getters: list[tuple[str, Convert]] = []
+        slow = False
+        for f in descriptor.fields:
+            arrow, getter, field_slow = self._field(f, inner)
+            fields.append(pa.field(f.name, arrow))
+            getters.append((f.name, getter))
+            slow = slow or field_slow
+
+        def convert(message: Any) -> dict[str, Any]:
+            return {name: getter(message) for name, getter in getters}
+
+        return Shape(pa.struct(fields), convert, slow)
+
+    def _value(self, f: Any, stack: tuple[str, ...]) -> tuple[pa.DataType, Convert | None, bool]:
+        """The type of one value of ``f`` (an element, for a repeated field) and its converter."""
+        if f.type in (F.TYPE_MESSAGE, F.TYPE_GROUP):
+            message_type = f.message_type
+            wrapped = _WRAPPERS.get(message_type.full_name)
+            if wrapped is not None:
+                return wrapped, _unwrap, False
+            shape = self.shape(message_type, stack)
+            if shape.slow and shape.fix is None:  # recursive: no converter of a fixed shape
+                return shape.arrow, _proto_generic, True
+            return shape.arrow, shape.fix, shape.slow
+        if f.type == F.TYPE_ENUM:
+            names = {value.number: value.name for value in f.enum_type.values}
+
+            def enum_name(number: int) -> str:
+                # An open enum may carry a number this schema does not name: keep the number.
+                return names.get(number) or str(number)
+
+            return pa.string(), enum_name, False
+        return self._scalars[f.type], None, False
+
+    def _field(self, f: Any, stack: tuple[str, ...]) -> tuple[pa.DataType, Convert, bool]:
+        name = f.name
+        if _is_map(f):
+            key_field = f.message_type.fields_by_name["key"]
+            value_field = f.message_type.fields_by_name["value"]
+            key_type, _, _ = self._value(key_field, stack)
+            value_type, value_convert, slow = self._value(value_field, stack)
+            if value_convert is None:
+                return pa.map_(key_type, value_type), lambda m: dict(getattr(m, name)), slow
+            convert_value = value_convert
+            return (
+                pa.map_(key_type, value_type),
+                lambda m: {k: convert_value(v) for k, v in getattr(m, name).items()},
+                slow,
+            )
+        value_type, value_convert, slow = self._value(f, stack)
+        if _is_repeated(f):
+            if value_convert is None:
+                return pa.list_(value_type), lambda m: list(getattr(m, name)), slow
+            convert_item = value_convert
+            return pa.list_(value_type), lambda m: [convert_item(v) for v in getattr(m, name)], slow
+        if f.has_presence:
+            # Messages, proto3 ``optional``, oneof members and proto2 fields: unset is null.
+            convert_set = value_convert or (lambda v: v)
+            return value_type, lambda m: convert_set(getattr(m, name)) if m.HasField(name) else None, slow
+        if value_convert is None:
+            return value_type, lambda m: getattr(m, name), slow
+        convert_plain = value_convert
+        return value_type, lambda m: convert_plain(getattr(m, name)), slow
+
+
+def _timestamp(message: Any) -> dt.datetime:
+    try:
+        return _EPOCH + dt.timedelta(seconds=message.seconds, microseconds=message.nanos // 1000)
+    except OverflowError as exc:
+        raise decode_error(f"google.protobuf.Timestamp out of range: {message.seconds} s") from exc
+
+
+def _unwrap(message: Any) -> Any:
+    return message.value
+
+
+def _proto_generic(message: Any) -> dict[str, Any]:
+    """A recursive message → dict, walking the fields at run time (the reference lane only)."""
+    converted: dict[str, Any] = {}
+    for f in message.DESCRIPTOR.fields:
+        converted[f.name] = _proto_generic_field(message, f)
+    return converted
+
+
+def _proto_generic_value(f: Any, value: Any) -> Any:
+    if f.type in (F.TYPE_MESSAGE, F.TYPE_GROUP):
+        name = f.message_type.full_name
+        if name == _TIMESTAMP:
+            return _timestamp(value)
+        if name in _WRAPPERS:
+            return value.value
+        return _proto_generic(value)
+    if f.type == F.TYPE_ENUM:
+        found = f.enum_type.values_by_number.get(value)
+        return found.name if found is not None else str(value)
+    return value
+
+
+def _proto_generic_field(message: Any, f: Any) -> Any:
+    value = getattr(message, f.name)
+    if _is_map(f):
+        value_field = f.message_type.fields_by_name["value"]
+        return {k: _proto_generic_value(value_field, v) for k, v in value.items()}
+    if _is_repeated(f):
+        return [_proto_generic_value(f, v) for v in value]
+    if f.has_presence and not message.HasField(f.name):
+        return None
+    return _proto_generic_value(f, value)
+
+
+@dataclass
+class _ProtoMessage:
+    cls: Any
+    shape: Shape
+    convert: Convert
+
+
+@dataclass
+class _ProtoFile:
+    schema_id: int
+    pool: Any
+    top: list[Any]
+    """Top-level message descriptors, in declaration order (message index 0, 1, …)."""
+    messages: dict[tuple[int, ...], _ProtoMessage | BrokenSchema] = field(default_factory=dict)
+
+
+class ProtobufCodec:
+    def __init__(self, registry: SchemaRegistry) -> None:
+        self._registry = registry
+        self._files: dict[int, _ProtoFile | BrokenSchema] = {}
+
+    def read(self, payload: bytes) -> tuple[tuple[int, tuple[int, ...]], _ProtoMessage, dict[str, Any]]:
+        schema_id = split_confluent(payload)
+        indexes, offset = read_message_indexes(payload)
+        message = self._message(schema_id, indexes)
+        try:
+            parsed = message.cls.FromString(payload[offset:])
+        except (DecodeError, RuntimeError, ValueError) as exc:  # RuntimeError: upb's recursion limit
+            raise decode_error(f"not a valid protobuf message {message.cls.DESCRIPTOR.full_name}: {exc}") from exc
+        return (schema_id, indexes), message, message.convert(parsed)
+
+    def _message(self, schema_id: int, indexes: tuple[int, ...]) -> _ProtoMessage:
+        loaded = self._files.get(schema_id)
+        if loaded is None:
+            loaded = remember_schema(self._files, schema_id, self._load(schema_id))  # RetryableError: not cached
+        if isinstance(loaded, BrokenSchema):
+            raise decode_error(loaded.reason)
+        found = loaded.messages.get(indexes)
+        if found is None:
+            found = loaded.messages[indexes] = _resolve_message(loaded, indexes)
+        if isinstance(found, BrokenSchema):
+            raise decode_error(found.reason)
+        return found
+
+    def _load(self, schema_id: int) -> _ProtoFile | BrokenSchema:
+        registered = self._registry.schema(schema_id)
+        if registered.schema_type != "PROTOBUF":
+            return BrokenSchema(f"schema id {schema_id} is a {registered.schema_type} schema, not PROTOBUF")
+        files: dict[str, str] = {}
+        main = f"kafka2delta_schema_{schema_id}.proto"
+        files[main] = registered.schema
+        reason = self._collect_references(registered, files, set())
+        if reason is not None:
+            return BrokenSchema(f"schema id {schema_id}: {reason}")
+        compiled = compile_proto(files, main)
+        if isinstance(compiled, str):
+            return BrokenSchema(f"schema id {schema_id} does not compile: {compiled}")
+        pool, top = compiled
+        return _ProtoFile(schema_id, pool, top)
+
+    def _collect_references(
+        self, schema: RegisteredSchema, files: dict[str, str], seen: set[tuple[str, int]]
+    ) -> str | None:
+        for reference in schema.references:
+            key = (reference.subject, reference.version)
+            if key in seen:
+                continue
+            seen.add(key)
+            path = Path(reference.name)
+            if path.is_absolute() or ".." in path.parts:
+                return f"reference name {reference.name!r} is not a relative path"
+            referenced = self._registry.referenced(reference.subject, reference.version)
+            files[reference.name] = referenced.schema
+            reason = self._collect_references(referenced, files, seen)
+            if reason is not None:
+                return reason
+        return None
+
+
+def _resolve_message(loaded: _ProtoFile, indexes: tuple[int, ...]) -> _ProtoMessage | BrokenSchema:
+    candidates = loaded.top
+    descriptor: Any = None
+    for depth, index in enumerate(indexes):
+        if not 0 <= index < len(candidates):
+            where = "top-level" if depth == 0 else f"nested in {descriptor.full_name}"
+            return BrokenSchema(
+                f"message index {list(indexes)} does not exist in schema id {loaded.schema_id} "
+                f"({len(candidates)} {where} message types)"
+            )
+        descriptor = candidates[index]
+        candidates = list(descriptor.nested_types)
+    shape = _ProtoShapes().record(descriptor)
+    convert = shape.fix if shape.fix is not None else _proto_generic
+    return _ProtoMessage(message_factory.GetMessageClass(descriptor), shape, convert)
+
+
+def compile_proto(files: Mapping[str, str], main: str) -> tuple[Any, list[Any]] | str:
+    """Compile registry protobuf schemas with protoc (in-process, from grpcio-tools) into a new pool.
+
+    ``files`` maps import paths to schemas as the registry holds them: ``.proto`` text (what
+    Confluent's registry answers by default), or a base64 ``FileDescriptorProto`` (what the Confluent
+    Python serializer registers, and what Apicurio then answers). Descriptors reach protoc through
+    ``--descriptor_set_in``; the well-known types (google/protobuf/*.proto) come with grpcio-tools and
+    Confluent's built-in imports (confluent/meta.proto …) with confluent-kafka. Returns (pool, the
+    top-level message descriptors of ``main`` in declaration order, which the Confluent message
+    indexes count), or protoc's error message.
+    """
+    from grpc_tools import _protoc_compiler  # type: ignore[import-untyped]
+    from grpc_tools import protoc as grpc_protoc
+
+    include = str(Path(grpc_protoc.__file__).parent / "_proto")
+    texts: dict[str, str] = {}
+    compiled = descriptor_pb2.FileDescriptorSet()
+    for name, schema in files.items():
+        file_proto = _serialized_descriptor(schema)
+        if file_proto is None:
+            texts[name] = schema
+        else:
+            file_proto.name = name  # imports name it as the reference does (so does Confluent's client)
+            compiled.file.append(file_proto)
+    given = set(files)
+    compiled.file.extend(proto for proto in _builtin_protos() if proto.name not in given)
+    with tempfile.TemporaryDirectory(prefix="k2d-proto-") as directory:
+        for name, text in texts.items():
+            target = Path(directory, name)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(text, encoding="utf-8")
+        known = os.path.join(directory, "known-descriptors.pb")
+        Path(known).write_bytes(compiled.SerializeToString())
+        out = os.path.join(directory, "descriptor-set.pb")
+        arguments = [
+            b"protoc",
+            f"--descriptor_set_in={known}".encode(),
+            f"-I{directory}".encode(),
+            f"-I{include}".encode(),
+            f"--descriptor_set_out={out}".encode(),
+            b"--include_imports",
+            main.encode(),
+        ]
+        if _protoc_compiler.run_main(arguments) != 0:
+            # run_main only prints its errors; get_protos returns them (file:line:column: message)
+            # but knows no descriptor inputs, so it explains errors in sources only.
+            try:
+                _protoc_compiler.get_protos(main.encode(), [directory.encode(), include.encode()])
+            except _protoc_compiler.ProtocErrors as exc:
+                return "; ".join(
+                    # ProtocError positions are 0-based; editors and protoc's CLI count from 1.
+                    f"{_text(e.filename)}:{e.line + 1}:{e.column + 1}: {_text(e.message)}"
+                    for e in exc.errors()
+                ).replace(directory + os.sep, "")
+            return "protoc failed (its message is on standard error)"
+        descriptor_set = descriptor_pb2.FileDescriptorSet.FromString(Path(out).read_bytes())
+    # A pool per schema id: two versions of one .proto define the same names differently.
+    pool = descriptor_pool.DescriptorPool()
+    main_proto = None
+    for file_proto in descriptor_set.file:  # dependencies first, as protoc writes them
+        pool.Add(file_proto)
+        if file_proto.name == main:
+            main_proto = file_proto
+    if main_proto is None:  # pragma: no cover - protoc always includes the file it compiled
+        return f"protoc did not describe {main}"
+    package = f"{main_proto.package}." if main_proto.package else ""
+    top = [pool.FindMessageTypeByName(package + message.name) for message in main_proto.message_type]
+    return pool, top
+
+
+_BASE64 = re.compile(r"[A-Za-z0-9+/=\s]+")
+
+
+def _serialized_descriptor(schema: str) -> Any:
+    """The FileDescriptorProto of a base64-serialized schema, or None for ``.proto`` text."""
+    # .proto text always holds a ';' or a '{' (a syntax line, a field); base64 never does.
+    if not schema.strip() or not _BASE64.fullmatch(schema):
+        return None
+    try:
+        return descriptor_pb2.FileDescriptorProto.FromString(base64.b64decode(schema, validate=False))
+    except (binascii.Error, DecodeError, ValueError):
+        return None
+
+
+@functools.cache
+def _builtin_protos() -> tuple[Any, ...]:
+    """Files Confluent treats as built in (never sent as references): its own confluent/*.proto."""
+    found = []
+    for module in ("meta_pb2", "type.decimal_pb2", "type.variant_pb2", "types.decimal_pb2"):
+        try:
+            loaded = importlib.import_module(f"confluent_kafka.schema_registry.confluent.{module}")
+        except ImportError:  # an older confluent-kafka: such imports then fail to compile, by name
+            continue
+        found.append(descriptor_pb2.FileDescriptorProto.FromString(loaded.DESCRIPTOR.serialized_pb))
+    return tuple(found)
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+class ProtobufDeserializer(BaseDeserializer):
+    """Protobuf messages in the Confluent wire format (magic, schema id, message indexes, message)."""
+
+    typed = True
+
+    def __init__(self, keys: KeyDecoder | None, codec: ProtobufCodec, *, topic: str = "") -> None:
+        super().__init__(keys)
+        self._codec = codec
+        self.topic = topic
+
+    def _document(self, payload: bytes) -> dict[str, Any]:
+        return self._codec.read(payload)[2]
+
+    def _decode_values(self, messages: PartitionMessages, positions: Sequence[int]) -> Decoded:
+        def read(payload: bytes) -> tuple[Hashable, Shape, dict[str, Any]]:
+            key, message, value = self._codec.read(payload)
+            return key, message.shape, value
+
+        return grouped_decode(messages, positions, read)

@@ -1,0 +1,133 @@
+"""The loop with in-memory edges: a scripted Kafka source and a dead-letter table that counts its commits.
+
+The fakes subclass the Protocols of :mod:`kafka2delta.edges`, so mypy checks that they still match the
+real edges.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from deltalake import DeltaTable
+
+from kafka2delta.config import FormatConfig, load_config
+from kafka2delta.dead_letters import DeadLetterTable
+from kafka2delta.edges import DeadLetterStore, RebalanceListener, Source, TableWriter
+from kafka2delta.metrics import Metrics
+from kafka2delta.offsets import LogicalOffset
+from kafka2delta.pipeline import Pipeline
+from kafka2delta.records import ConsumedBatch, DeadLetter, PartitionMessages
+from kafka2delta.runner import Ingestor
+from kafka2delta.schema import parse_schema
+from kafka2delta.serialization import build_deserializer
+
+SCHEMA = parse_schema({"id": "string not null"})
+
+
+class FakeSource(Source):
+    """Serves scripted batches, then empty ones; remembers seeks and group-offset commits."""
+
+    def __init__(self, batches: list[ConsumedBatch], partitions: list[int], high: int) -> None:
+        self.batches = batches
+        self.partitions = partitions
+        self.high = high
+        self.starts: dict[int, int | LogicalOffset] = {}
+        self.seeks: list[tuple[int, int | LogicalOffset]] = []
+        self.group_offsets: list[dict[int, int]] = []
+
+    def start(self, listener: RebalanceListener) -> None:
+        self.starts = listener.assigned(self.partitions)
+
+    def consume(self, max_messages: int, timeout: float) -> ConsumedBatch:
+        batch = self.batches.pop(0) if self.batches else ConsumedBatch()
+        batch.end_offsets = {} if self.batches else {p: self.high for p in self.partitions}
+        return batch
+
+    def watermarks(self, partition: int, cached: bool = False) -> tuple[int, int]:
+        return 0, self.high
+
+    def seek(self, partition: int, start: int | LogicalOffset) -> None:
+        self.seeks.append((partition, start))
+
+    def commit_group_offsets(self, next_offsets: Mapping[int, int]) -> None:
+        self.group_offsets.append(dict(next_offsets))
+
+    def close(self) -> None:
+        pass
+
+
+class RecordingDeadLetters(DeadLetterStore):
+    """The real dead-letter table, counting its commits."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.table = DeadLetterTable.open(str(tmp_path / "dlq"), {}, "t", "t", "snappy", 10)
+        self.commits = 0
+
+    @property
+    def uri(self) -> str:
+        return self.table.uri
+
+    def committed_offsets(self, partitions: Iterable[int]) -> dict[int, int | None]:
+        return self.table.committed_offsets(partitions)
+
+    def recorded_offsets(self, partition: int, after: int | None, upto: int) -> set[int]:
+        return self.table.recorded_offsets(partition, after, upto)
+
+    def commit(
+        self,
+        letters: Mapping[int, Sequence[DeadLetter]],
+        expected: Mapping[int, int | None],
+        versions: Mapping[int, int],
+        metadata: dict[str, Any],
+    ) -> int:
+        self.commits += 1
+        return self.table.commit(letters, expected, versions, metadata)
+
+    def offsets(self) -> list[tuple[int, int]]:
+        """(partition, offset) of every dead letter in the table."""
+        rows = DeltaTable(self.uri).to_pyarrow_table().to_pylist()
+        return sorted((r["partition"], r["offset"]) for r in rows)
+
+
+def batch(partition: int, first: int, count: int, bad_every: int = 0) -> ConsumedBatch:
+    """Messages ``first``.. of ``partition`` in topic ``t``, ``{"id": "p<partition>-<offset>"}``; every
+    ``bad_every``-th offset is broken JSON."""
+    offsets = list(range(first, first + count))
+    payloads: list[bytes | None] = [
+        b"{broken" if bad_every and o % bad_every == 0 else json.dumps({"id": f"p{partition}-{o}"}).encode()
+        for o in offsets
+    ]
+    messages = PartitionMessages(
+        topic="t", partition=partition, offsets=offsets, payloads=payloads, timestamps_ms=[0] * count
+    )
+    return ConsumedBatch(partitions={partition: messages})
+
+
+def make(
+    tmp_path: Path, source: Source, writer: TableWriter, sink: DeadLetterStore, **ingest: str
+) -> tuple[Ingestor, Metrics]:
+    """The loop for topic ``t`` into ``<tmp_path>/t`` with ``[ingest]`` overrides; backoff does not sleep."""
+    environ = {
+        "K2D_KAFKA__BOOTSTRAP_SERVERS": "unused:1",
+        "K2D_KAFKA__TOPIC": "t",
+        "K2D_TABLE__URI": str(tmp_path / "t"),
+        "K2D_INGEST__MAX_COMMIT_RETRIES": "3",
+    }
+    environ.update({f"K2D_INGEST__{key.upper()}": value for key, value in ingest.items()})
+    config = load_config(None, environ=environ)
+    metrics = Metrics()
+    sleeps: list[float] = []
+    pipeline = Pipeline(build_deserializer(FormatConfig(), None, "t"), SCHEMA)
+    ingestor = Ingestor(
+        config,
+        source=source,
+        writer=writer,
+        pipeline=pipeline,
+        dead_letters=sink,
+        metrics=metrics,
+        sleep=sleeps.append,
+    )
+    return ingestor, metrics
