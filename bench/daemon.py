@@ -16,10 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from datasets import DATASETS, TRANSFORMS
 from deltalake import DeltaTable
-from latency import row_latencies, summary
-from measure import TreeMonitor, cpu_s_of_children
+
+from bench.datasets import DATASETS, TRANSFORMS
+from bench.latency import row_latencies, summary
+from bench.measure import TreeMonitor, cpu_s_of_children
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -113,7 +114,7 @@ def catchup(
     assigned = _first_log_time(log, "assigned ")
     startup = assigned - started_wall if assigned else None
     cpu = max(cpu_s_of_children(before, after), monitor.cpu_s)
-    result = {
+    result: dict[str, Any] = {
         "messages": messages,
         "rows": rows,
         "commits": dt_table.version(),
@@ -268,7 +269,7 @@ def wait_for_rows(table: Path, rows: int, timeout_s: float) -> float | None:
 def steady_result(table: Path, produced: dict[str, Any], peak_rss_mb: float) -> tuple[dict[str, Any], np.ndarray]:
     """Latency figures of the rows the measured producer sent (its first produce() call on)."""
     latencies, facts = row_latencies(table, since_ms=produced["first_wall"] * 1000 - 1)
-    result = {
+    result: dict[str, Any] = {
         "producer": produced,
         **summary(latencies),
         **facts,
@@ -287,8 +288,7 @@ def run_rate_producer(
     """bench/producer.py in rate mode, in its own process (its own GIL and core share)."""
     out = subprocess.run(
         [
-            sys.executable,
-            str(Path(__file__).with_name("producer.py")),
+            *python_module("bench.producer"),
             "--bootstrap",
             bootstrap,
             "--topic",
@@ -305,6 +305,17 @@ def run_rate_producer(
         capture_output=True,
         text=True,
         check=True,
+        env=repo_env(),
     )
     produced: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     return produced
+
+
+def python_module(module: str) -> list[str]:
+    """The command that runs one of the harness's modules (``bench.producer``, ``bench.spark_ss``) as a program."""
+    return [sys.executable, "-m", module]
+
+
+def repo_env() -> dict[str, str]:
+    """The environment of a harness subprocess: this checkout importable (bench, dev) from any working directory."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")]))}

@@ -16,17 +16,13 @@ from __future__ import annotations
 import datetime as dt
 import io
 import json
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# dev/ is not a package: the demo's event shape lives in dev/events.py (appended: it shadows nothing).
-sys.path.append(str(Path(__file__).resolve().parents[1] / "dev"))
-
-from events import COUNTRIES, EVENT_TYPES, event_json
-from events import EVENT_SCHEMA as BASE_SCHEMA
+from dev.events import COUNTRIES, EVENT_TYPES, event_json
+from dev.events import EVENT_SCHEMA as BASE_SCHEMA
 
 ITEMS_SCHEMA = {
     "items": "array<struct<sku:string,name:string,qty:long,price:double,category:string>>",

@@ -1,6 +1,6 @@
 """Where the daemon's time goes: the catch-up scenario under py-spy (sampling, native frames included).
 
-    python bench/hotpath.py [--messages 2000000] [--partitions 4] [--dataset json]   # `make bench-profile`
+    python -m bench.hotpath [--messages 2000000] [--partitions 4] [--dataset json]   # `make bench-profile`
 
 Writes bench/results/profile-<dataset>.txt (the summary below) and profile-<dataset>.collapsed.gz (py-spy's
 collapsed stacks, gzipped: open with speedscope or flamegraph.pl). The summary gives, as a share of all samples of
@@ -20,15 +20,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "dev" / "kafka"))
+from bench import daemon
+from bench.measure import load_average
+from bench.producer import produce_backlog
+from bench.run import BROKER_JVM_OPTS, log
+from dev.kafka.broker import LocalBroker, create_topic
 
-import daemon  # noqa: E402
-from broker import LocalBroker, create_topic  # noqa: E402
-from measure import load_average  # noqa: E402
-from producer import produce_backlog  # noqa: E402
-from run import BROKER_JVM_OPTS, log  # noqa: E402
+HERE = Path(__file__).resolve().parent
 
 FRAME = re.compile(r"^(?P<func>.*?) \((?P<file>[^():]*)(?::(?P<line>\d+))?\)$")
 

@@ -4,7 +4,7 @@ Two modes:
 
 - backlog: ``produce_backlog`` writes N messages spread evenly over the partitions as fast as librdkafka
   takes them (large batches, lz4, linger 50 ms) — the catch-up and scaling scenarios;
-- rate: ``python bench/producer.py --rate R --seconds S …`` produces R messages/s for S seconds in ticks of
+- rate: ``python -m bench.producer --rate R --seconds S …`` produces R messages/s for S seconds in ticks of
   10 ms (linger 5 ms, so the producer adds little to the latency it is measured by). The Kafka timestamp
   is librdkafka's create time, taken when ``produce()`` is called. Prints one JSON line with what it did.
 
@@ -20,13 +20,10 @@ import multiprocessing
 import signal
 import sys
 import time
-from pathlib import Path
 
 from confluent_kafka import Producer
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from datasets import DATASETS, Timestamps, now_ts
+from bench.datasets import DATASETS, Timestamps, now_ts
 
 BACKLOG_SETTINGS = {
     "linger.ms": 50,

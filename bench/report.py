@@ -1,6 +1,6 @@
 """The Markdown table and the PNG plots of a results file.
 
-python bench/report.py [bench/results/latest.json]   # rewrites latest.md and the plots beside it
+python -m bench.report [bench/results/latest.json]   # rewrites latest.md and the plots beside it
 """
 
 from __future__ import annotations
@@ -117,10 +117,10 @@ def markdown(results: dict[str, Any]) -> str:
         seen = set()
         for dim in ("messages", "partitions", "datasets"):
             for p in scaling[dim]["points"]:
-                key = (p["messages"], p["partitions"], p["dataset"])
-                if key in seen:
+                point = (p["messages"], p["partitions"], p["dataset"])
+                if point in seen:
                     continue
-                seen.add(key)
+                seen.add(point)
                 lines.append(
                     f"| {p['messages']:,} | {p['partitions']} | {p['dataset']} | {_n(p['avg_message_bytes'])} | "
                     f"{_n(p['msgs_per_s'])} | {_n(p['mb_per_s'], 1)} | {_n(p['cpu_s_per_million'], 2)} | "
@@ -215,13 +215,20 @@ def plots(results: dict[str, Any], out: Path) -> list[Path]:
             (axes[0], "messages", "messages (millions)"),
             (axes[1], "partitions", "partitions"),
         ):
-            points = scaling[dim]["points"]
-            xs = [p[dim] / 1e6 if dim == "messages" else p[dim] for p in points]
-            ax.plot(xs, [p["cpu_s_per_million"] for p in points], "o-", label="all CPU", color=colors["daemon"])
-            ax.plot(xs, [p["cpu_s_per_million_net"] for p in points], "s--", label="net of start-up", color="#2ca02c")
+            dim_points = scaling[dim]["points"]
+            x_values = [p[dim] / 1e6 if dim == "messages" else p[dim] for p in dim_points]
+            cpu = [p["cpu_s_per_million"] for p in dim_points]
+            ax.plot(x_values, cpu, "o-", label="all CPU", color=colors["daemon"])
+            ax.plot(
+                x_values,
+                [p["cpu_s_per_million_net"] for p in dim_points],
+                "s--",
+                label="net of start-up",
+                color="#2ca02c",
+            )
             if dim == "partitions":
                 ax.set_xscale("log", base=2)
-                ax.set_xticks(xs, [str(x) for x in xs])
+                ax.set_xticks(x_values, [str(x) for x in x_values])
             ax.set_xlabel(xlabel)
             ax.set_ylabel("CPU s per million messages")
             ax.set_ylim(bottom=0)

@@ -1,7 +1,7 @@
 """The benchmark: kafka2delta side by side with Spark Structured Streaming, on one machine, in one run.
 
-    python bench/run.py            # the full run (`make bench`), about 15 minutes on 2 cores
-    python bench/run.py --quick    # a small run of every scenario (`make bench-quick`), about 5 minutes
+    python -m bench.run            # the full run (`make bench`), about 15 minutes on 2 cores
+    python -m bench.run --quick    # a small run of every scenario (`make bench-quick`), about 5 minutes
 
 It starts its own Kafka broker (dev/kafka, free ports on 127.0.0.1, stopped at the end), then:
 
@@ -34,20 +34,18 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from bench import daemon, report
+from bench.datasets import SPARK_TRANSFORMS, TRANSFORMS
+from bench.latency import cdf_points, summary
+from bench.measure import TreeMonitor, busy_processes, git_state, load_average, machine
+from bench.producer import produce_backlog
+from dev.kafka.broker import LocalBroker, create_topic
+from dev.local_server import free_ports
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(ROOT / "dev" / "kafka"))
-
-import daemon  # noqa: E402
-import numpy as np  # noqa: E402
-import report  # noqa: E402
-from broker import LocalBroker, create_topic  # noqa: E402
-from datasets import SPARK_TRANSFORMS, TRANSFORMS  # noqa: E402
-from latency import cdf_points, summary  # noqa: E402
-from local_server import free_ports  # noqa: E402
-from measure import TreeMonitor, busy_processes, git_state, load_average, machine  # noqa: E402
-from producer import produce_backlog  # noqa: E402
 
 RESULTS = HERE / "results"
 # Full JIT (the dev default stops at C1 for a fast start) and a 1-GB heap: the broker should not be the bottleneck.
@@ -92,7 +90,7 @@ class Bench:
     def __init__(self, args: argparse.Namespace, work: Path) -> None:
         self.args = args
         self.work = work
-        self.plan = QUICK if args.quick else FULL
+        self.plan: dict[str, Any] = QUICK if args.quick else FULL
         if args.messages:
             self.plan = {**self.plan, "catchup_messages": args.messages}
         if args.steady_seconds:
@@ -143,8 +141,7 @@ class Bench:
 
     def _spark_command(self, topic: str, work: Path, mode: str, **extra: str) -> list[str]:
         command = [
-            sys.executable,
-            str(HERE / "spark_ss.py"),
+            *daemon.python_module("bench.spark_ss"),
             "--bootstrap",
             self.bootstrap,
             "--topic",
@@ -163,7 +160,12 @@ class Bench:
     def _spark_process(self, command: list[str], log_path: Path) -> subprocess.Popen[bytes]:
         # Its own session: on any failure the harness ends the driver and its JVM together.
         return subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=log_path.open("wb"), cwd=log_path.parent, start_new_session=True
+            command,
+            stdout=subprocess.PIPE,
+            stderr=log_path.open("wb"),
+            cwd=log_path.parent,
+            env=daemon.repo_env(),
+            start_new_session=True,
         )
 
     @staticmethod

@@ -17,12 +17,10 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 from deltalake import DeltaTable
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "dev"))
-sys.path.insert(0, str(ROOT / "dev" / "kafka"))
+from dev.events import produce_events
+from dev.kafka.broker import create_topic
 
-from broker import create_topic  # noqa: E402
-from events import produce_events  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def recreate_topic(bootstrap: str, topic: str, partitions: int) -> None:

@@ -1,8 +1,8 @@
 """Tools the Helm chart's checks need, built or fetched once into a cache outside the repo.
 
-    python dev/k8s_tools.py helm      # build the pinned Helm with `go install` (Go module proxy); print its path
-    python dev/k8s_tools.py crds      # the pinned ServiceMonitor and PrometheusRule CRDs; print their dir
-    python dev/k8s_tools.py alerts    # regenerate helm/kafka2delta/files/alerts.yaml from the chart's defaults
+    python -m dev.k8s_tools helm      # build the pinned Helm with `go install` (Go module proxy); print its path
+    python -m dev.k8s_tools crds      # the pinned ServiceMonitor and PrometheusRule CRDs; print their dir
+    python -m dev.k8s_tools alerts    # regenerate helm/kafka2delta/files/alerts.yaml from the chart's defaults
 
 Helm is a Go program and no package carries it here, so it is built from source with the Go toolchain
 (``go install helm.sh/helm/v3/cmd/helm@HELM_VERSION``, with the ldflags of Helm's own Makefile) into
@@ -45,7 +45,7 @@ ALERTS_FILE = CHART / "files" / "alerts.yaml"
 ALERTS_HEADER = """\
 # Prometheus alerting rules for kafka2delta, in Prometheus's rule-file format (`promtool check rules` reads it).
 # GENERATED from the chart's defaults (helm/kafka2delta/templates/_alerts.tpl, values `alerts:`) by
-#   python dev/k8s_tools.py alerts
+#   python -m dev.k8s_tools alerts
 # The chart's PrometheusRule (prometheusRule.enabled) embeds the same groups, with thresholds from values.
 # tests/integration/test_helm.py fails when this file and the chart disagree.
 """

@@ -1,13 +1,11 @@
-"""What the local dev servers share: ``dev/kafka/broker.py`` (Kafka), ``dev/registry/registry.py`` (Apicurio)
-and ``dev/zookeeper/zookeeper.py``.
+"""What the local dev servers share: :mod:`dev.kafka.broker` (Kafka), :mod:`dev.registry.registry` (Apicurio)
+and :mod:`dev.zookeeper.zookeeper`.
 
 Both fetch a Java program from Maven Central once into a cache dir outside the repo, run it as a child process
 that leads its own process group and listens on 127.0.0.1 only, keep a pid file and a log in a work dir, and
 have a CLI whose start/status/stop find a detached server again through that pid file. This module holds the
 parts that are the same logic for both; what differs on purpose (what is fetched, the configuration files, the
 command line, the readiness check, which ports) stays in each script.
-
-dev/ is not a package: each script puts dev/ on sys.path and imports this as ``local_server``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Debian tools the observability tests need, installed once: ``python dev/tools.py ensure chromium prometheus``.
+"""Debian tools the observability tests need, installed once: ``python -m dev.tools ensure chromium prometheus``.
 
 Idempotent: a tool whose programs are already on PATH is left alone; otherwise ``apt-get update`` runs (once
 per call) and then ``apt-get install -y --no-install-recommends`` with the missing packages. Package services

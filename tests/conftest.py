@@ -1,51 +1,32 @@
 """Shared fixtures. Integration tests get a real Kafka broker (KRaft, from Maven Central jars)
 started once per session on free loopback ports, unless K2D_TEST_BOOTSTRAP_SERVERS names one, and,
 when a test asks for it, a real schema registry (Apicurio Registry, Confluent-compatible API) the
-same way, unless K2D_TEST_SCHEMA_REGISTRY_URL names one."""
+same way, unless K2D_TEST_SCHEMA_REGISTRY_URL names one; and the factories of the real-broker tests
+(integration, Spark, chaos): topics, set-ups (topic + table + config file) and daemon subprocesses."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from types import ModuleType
+from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _load_dev_module(name: str, path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-def load_broker_module() -> ModuleType:
-    return _load_dev_module("k2d_dev_broker", ROOT / "dev" / "kafka" / "broker.py")
-
-
-def load_registry_module() -> ModuleType:
-    return _load_dev_module("k2d_dev_registry", ROOT / "dev" / "registry" / "registry.py")
+from dev.kafka.broker import LocalBroker, create_topic
+from dev.registry.registry import LocalRegistry
+from tests.support.harness import METADATA_COLUMNS, SCHEMA, Daemon, Setup, Topic, toml_section
 
 
 @pytest.fixture(scope="session")
-def broker_module() -> ModuleType:
-    return load_broker_module()
-
-
-@pytest.fixture(scope="session")
-def kafka_bootstrap(broker_module: ModuleType, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     external = os.environ.get("K2D_TEST_BOOTSTRAP_SERVERS")
     if external:
         yield external
         return
-    broker = broker_module.LocalBroker(tmp_path_factory.mktemp("kafka"))
+    broker = LocalBroker(tmp_path_factory.mktemp("kafka"))
     try:
         yield broker.start()
     finally:
@@ -59,8 +40,80 @@ def schema_registry_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[st
     if external:
         yield external
         return
-    registry = load_registry_module().LocalRegistry(tmp_path_factory.mktemp("registry"))
+    registry = LocalRegistry(tmp_path_factory.mktemp("registry"))
     try:
         yield registry.start()
     finally:
         registry.stop()
+
+
+@pytest.fixture
+def topic_factory(kafka_bootstrap: str) -> Callable[[int], Topic]:
+    def create(partitions: int) -> Topic:
+        name = f"t-{uuid.uuid4().hex[:10]}"
+        create_topic(kafka_bootstrap, name, partitions)
+        return Topic(name, partitions, kafka_bootstrap)
+
+    return create
+
+
+@pytest.fixture
+def setup_factory(tmp_path: Path, topic_factory: Callable[[int], Topic]) -> Callable[..., Setup]:
+    def make(
+        partitions: int,
+        schema: dict[str, str] | None = None,
+        sections: dict[str, dict[str, Any]] | None = None,
+        table: dict[str, Any] | None = None,
+        metadata_columns: list[str] | None = METADATA_COLUMNS,
+        table_uri: str | None = None,
+        storage_options: dict[str, str] | None = None,
+        **ingest: Any,
+    ) -> Setup:
+        """A topic, a table location and a config file. ``sections`` adds TOML tables (format, transforms …),
+        ``table`` adds keys to [table] (partition_by, schema_evolution …). Rows record ``metadata_columns``
+        (None: none; ``table={"metadata_columns": …}`` wins). ``table_uri`` and ``storage_options`` put the
+        table elsewhere (an s3:// bucket)."""
+        topic = topic_factory(partitions)
+        table_uri = table_uri or str(tmp_path / "table")
+        table = {**({"metadata_columns": metadata_columns} if metadata_columns else {}), **(table or {})}
+        ingest_settings = {"allowed_latency_s": 1.0, "progress_interval_s": 2.0, **ingest}
+        lines = [
+            "[kafka]",
+            f'bootstrap_servers = "{topic.bootstrap}"',
+            f'topic = "{topic.name}"',
+            f'group_id = "g-{topic.name}"',
+            "[kafka.settings]",
+            '"session.timeout.ms" = "10000"',
+            '"heartbeat.interval.ms" = "1000"',
+            *toml_section("table", {"uri": table_uri, **table}),
+            *toml_section("table.schema", schema if schema is not None else SCHEMA),
+            *(toml_section("table.storage_options", storage_options) if storage_options else []),
+            *toml_section("ingest", ingest_settings),
+        ]
+        for name, values in (sections or {}).items():
+            lines += toml_section(name, values)
+        config_path = tmp_path / "config.toml"
+        config_path.write_text("\n".join(lines) + "\n")
+        return Setup(topic, table_uri, config_path, tmp_path, topic.name, dict(storage_options or {}))
+
+    return make
+
+
+@pytest.fixture
+def daemon_factory(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
+    started: list[Daemon] = []
+    counter = iter(range(1000))
+
+    def start(setup: Setup, *extra: str, env: dict[str, str] | None = None) -> Daemon:
+        args = [sys.executable, "-m", "kafka2delta", "ingest", "-c", str(setup.config_path), *extra]
+        full_env = {k: v for k, v in os.environ.items() if not k.startswith("K2D_")}
+        full_env.update(env or {})
+        daemon = Daemon(args, full_env, tmp_path / f"daemon-{next(counter)}.log")
+        started.append(daemon)
+        return daemon
+
+    yield start
+    for daemon in started:
+        if daemon.process.poll() is None:
+            daemon.process.kill()
+            daemon.process.wait()

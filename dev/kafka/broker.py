@@ -12,9 +12,9 @@ Library use (tests)::
 
 CLI use (a developer's shell; the broker keeps running after the command exits)::
 
-    python dev/kafka/broker.py start [--dir DIR] [--port N] [--controller-port N]
-    python dev/kafka/broker.py status [--dir DIR]
-    python dev/kafka/broker.py stop [--dir DIR]
+    python -m dev.kafka.broker start [--dir DIR] [--port N] [--controller-port N]
+    python -m dev.kafka.broker status [--dir DIR]
+    python -m dev.kafka.broker stop [--dir DIR]
 
 Environment:
     K2D_KAFKA_LIBS       where the jars are cached (default ~/.cache/kafka2delta/kafka-libs-<ver>)
@@ -39,13 +39,7 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic  # what confluent_kafka.admin re-exports (not in its __all__)
 
-HERE = Path(__file__).resolve().parent
-# dev/local_server.py is shared with dev/registry/registry.py, and dev/ is no package: put dev/ on sys.path
-# whichever way this file is loaded (run, imported from dev/kafka, loaded by path), last so it shadows nothing.
-if str(HERE.parent) not in sys.path:
-    sys.path.append(str(HERE.parent))
-
-from local_server import (  # noqa: E402
+from dev.local_server import (
     LocalServer,
     cache_dir,
     cli_parser,
@@ -59,6 +53,8 @@ from local_server import (  # noqa: E402
     start_or_reuse,
     stop_recorded_server,
 )
+
+HERE = Path(__file__).resolve().parent
 
 POM = HERE / "pom.xml"
 LOG4J_CONFIG = HERE / "log4j2.properties"

@@ -14,9 +14,9 @@ Clients use the Confluent-compatible API under ``/apis/ccompat/v7``::
 
 CLI use (a developer's shell; the registry keeps running after the command exits)::
 
-    python dev/registry/registry.py start [--dir DIR] [--port N] [--basic-auth USER:PASSWORD]
-    python dev/registry/registry.py status [--dir DIR]
-    python dev/registry/registry.py stop [--dir DIR]
+    python -m dev.registry.registry start [--dir DIR] [--port N] [--basic-auth USER:PASSWORD]
+    python -m dev.registry.registry status [--dir DIR]
+    python -m dev.registry.registry stop [--dir DIR]
 
 Environment:
     K2D_REGISTRY_APP        where the app is unpacked (default ~/.cache/kafka2delta/apicurio-registry-<ver>)
@@ -47,13 +47,7 @@ from functools import cache
 from pathlib import Path
 from typing import NamedTuple
 
-HERE = Path(__file__).resolve().parent
-# dev/local_server.py is shared with dev/kafka/broker.py, and dev/ is no package: put dev/ on sys.path
-# whichever way this file is loaded (run, imported from dev/registry, loaded by path), last so it shadows nothing.
-if str(HERE.parent) not in sys.path:
-    sys.path.append(str(HERE.parent))
-
-from local_server import (  # noqa: E402
+from dev.local_server import (
     LocalServer,
     PortInUseError,
     cache_dir,
@@ -67,6 +61,8 @@ from local_server import (  # noqa: E402
     stop_pid,
     stop_recorded,
 )
+
+HERE = Path(__file__).resolve().parent
 
 POM = HERE / "pom.xml"
 

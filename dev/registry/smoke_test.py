@@ -2,8 +2,8 @@
 
 Starts its own registries (free ports, temp dirs) unless ``--url`` points at a running one::
 
-    .venv/bin/python dev/registry/smoke_test.py            # everything, ~15 s once the app is cached
-    .venv/bin/python dev/registry/smoke_test.py --url http://127.0.0.1:8081/apis/ccompat/v7
+    .venv/bin/python -m dev.registry.smoke_test            # everything, ~15 s once the app is cached
+    .venv/bin/python -m dev.registry.smoke_test --url http://127.0.0.1:8081/apis/ccompat/v7
 
 Needs in the venv, beside confluent-kafka: attrs, cachetools, certifi, httpx2 (or httpx), authlib
 (the client), fastavro (Avro serdes), protobuf (Protobuf serdes). Prints one line per check and
@@ -26,13 +26,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 from confluent_kafka.schema_registry import Schema, SchemaReference, SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 from confluent_kafka.serialization import MessageField, SerializationContext
-from registry import LocalRegistry
+
+from dev.registry.registry import LocalRegistry
 
 AVRO_V1 = {
     "type": "record",

@@ -11,9 +11,9 @@ Library use (tests)::
 
 CLI use (a developer's shell; the server keeps running after the command exits)::
 
-    python dev/zookeeper/zookeeper.py start [--dir DIR] [--port N]
-    python dev/zookeeper/zookeeper.py status [--dir DIR]
-    python dev/zookeeper/zookeeper.py stop [--dir DIR]
+    python -m dev.zookeeper.zookeeper start [--dir DIR] [--port N]
+    python -m dev.zookeeper.zookeeper status [--dir DIR]
+    python -m dev.zookeeper.zookeeper stop [--dir DIR]
 
 Environment:
     K2D_ZOOKEEPER_LIBS       where the jars are cached (default ~/.cache/kafka2delta/zookeeper-libs-<ver>)
@@ -31,13 +31,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-# dev/local_server.py is shared with dev/kafka/broker.py and dev/registry/registry.py, and dev/ is no package:
-# put dev/ on sys.path whichever way this file is loaded, last so it shadows nothing.
-if str(HERE.parent) not in sys.path:
-    sys.path.append(str(HERE.parent))
-
-from local_server import (  # noqa: E402
+from dev.local_server import (
     LocalServer,
     cache_dir,
     cli_parser,
@@ -51,6 +45,8 @@ from local_server import (  # noqa: E402
     start_or_reuse,
     stop_recorded_server,
 )
+
+HERE = Path(__file__).resolve().parent
 
 POM = HERE / "pom.xml"
 

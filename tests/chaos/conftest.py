@@ -1,326 +1,48 @@
 """The chaos suite: faults injected while the daemon runs, then the independent checker.
 
 Every scenario ends the same way: a daemon run with ``--until-caught-up`` commits everything, then
-:func:`verify_exactly_once` reads the topic with its own consumer and both tables with deltalake
+:func:`tests.support.chaos.check` reads the topic with its own consumer and both tables with deltalake
 (:mod:`kafka2delta.verify`) and asserts lost 0, duplicated 0, no offset in both tables, and the
 dead-letter table holding exactly the poison messages (every scenario mixes them in).
 
 Short forms run in the default suite; ``K2D_CHAOS=full`` (``make chaos``) runs the full forms with
-larger counts. Each test writes its figures to ``tests/chaos/results/<form>/<test>.json``;
-``tests/chaos/report.py`` turns the full run's files into the matrix of ``docs/RELIABILITY.md``.
+larger counts. The tools the scenarios share are in ``tests/support/chaos.py``; this file holds the
+``chaos_result`` fixture: each test writes its figures to ``tests/chaos/results/<form>/<test>.json``, and
+``python -m tests.chaos.report`` turns the full run's files into the matrix of ``docs/RELIABILITY.md``.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import random
 import re
-import threading
 import time
-from collections import defaultdict
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pyarrow.compute as pc
 import pytest
-from confluent_kafka import Producer
 
-from kafka2delta.records import PartitionMessages
-from kafka2delta.verify import (
-    Report,
-    committed_versions,
-    compare,
-    dead_letter_filter,
-    log_gaps,
-    read_topic,
-    table_offsets,
-)
-from tests.integration.conftest import (  # noqa: F401 - fixtures re-exported for the chaos tests
-    ROOT,
-    Daemon,
-    Setup,
-    Topic,
-    daemon_factory,
-    event,
-    setup_factory,
-    topic_factory,
-    wait_for,
+from tests.support.chaos import (
+    FORM,
+    ChaosResult,
 )
 
-FORM = "full" if os.environ.get("K2D_CHAOS", "").lower() == "full" else "short"
-FULL = FORM == "full"
 RESULTS = Path(__file__).resolve().parent / "results"
-POISON = b"POISON"
-METADATA = ["partition", "offset"]
-# Daemons of the chaos suite leave a dead member's group sooner (the broker's minimum session timeout).
-FAST_GROUP = {"K2D_KAFKA__SETTINGS__SESSION_TIMEOUT_MS": "6000"}
-
-
-def scale(short: int, full: int) -> int:
-    return full if FULL else short
 
 
 # --- poison ----------------------------------------------------------------------------------
 
 
-def poisoned(every: int) -> Callable[[int, int], bytes]:
-    """Events where one message in ``every`` is poison: alternately invalid JSON and a wrong type
-    (a text ``seq`` for a ``long`` column). Each carries the marker the checker looks for."""
-
-    def payload(partition: int, seq: int) -> bytes:
-        if seq % every != every // 2:
-            return event(partition, seq)
-        marker = f"POISON-p{partition}-{seq}"
-        if (seq // every) % 2:
-            return b'{"id": "' + marker.encode() + b'", "seq": '  # truncated: invalid JSON
-        return json.dumps({"id": marker, "seq": "not a number", "type": "click"}).encode()
-
-    return payload
-
-
 # --- producing while faults happen -----------------------------------------------------------
-
-
-class ChaosProducer:
-    """Produces ``per_partition`` events to every partition in chunks (with poison), in a thread. It
-    rides out broker outages: each chunk is flushed until delivered (librdkafka retries)."""
-
-    def __init__(
-        self,
-        topic: Topic,
-        per_partition: int,
-        every: int = 50,
-        chunk: int = 200,
-        pause_s: float = 0.05,
-        start: int = 0,
-    ) -> None:
-        self.produced = 0
-        self.error: BaseException | None = None
-        self._stop = threading.Event()
-        self._args = (topic, per_partition, every, chunk, pause_s, start)
-        self._thread = threading.Thread(target=self._run, name="chaos-producer", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        topic, per_partition, every, chunk, pause_s, start = self._args
-        payload = poisoned(every)
-        producer = Producer(
-            {"bootstrap.servers": topic.bootstrap, "linger.ms": 20, "batch.num.messages": 10000, "log_level": 0}
-        )
-        try:
-            for first in range(start, start + per_partition, chunk):
-                if self._stop.is_set():
-                    break
-                for seq in range(first, min(first + chunk, start + per_partition)):
-                    for partition in range(topic.partitions):
-                        while True:
-                            try:
-                                producer.produce(topic.name, value=payload(partition, seq), partition=partition)
-                                break
-                            except BufferError:
-                                producer.poll(0.1)
-                deadline = time.monotonic() + 600
-                while producer.flush(5) and time.monotonic() < deadline:
-                    pass  # the broker is away: librdkafka retries until message.timeout.ms
-                assert producer.flush(0) == 0, "messages not delivered in 10 minutes"
-                self.produced += (min(first + chunk, start + per_partition) - first) * topic.partitions
-                time.sleep(pause_s)
-        except BaseException as exc:  # reported by join() and running()
-            self.error = exc
-
-    def done(self) -> bool:
-        return not self._thread.is_alive()
-
-    def running(self) -> bool:
-        """Still producing (a producer that failed is reported here, not taken for a finished one)."""
-        if self.error is not None:
-            raise AssertionError(f"the producer failed: {self.error!r}") from self.error
-        return not self.done()
-
-    def stop(self) -> int:
-        """Stop after the chunk in flight (the faults are over); return the messages produced."""
-        self._stop.set()
-        return self.join()
-
-    def join(self, timeout: float = 900) -> int:
-        self._thread.join(timeout)
-        assert not self._thread.is_alive(), "the producer did not finish"
-        if self.error is not None:
-            raise self.error
-        return self.produced
 
 
 # --- the checker -------------------------------------------------------------------------------
 
 
-@dataclass
-class Verdict:
-    report: Report
-    messages: int
-    rows: int
-    dead_letters: int
-    poison: int
-    poison_not_dead_lettered: int
-    dead_letters_not_poison: int
-    pending: int
-
-    @property
-    def figures(self) -> dict[str, int]:
-        return {
-            "messages": self.messages,
-            "rows": self.rows,
-            "dead_letters": self.dead_letters,
-            "poison": self.poison,
-            "lost": self.report.lost,
-            "duplicated": self.report.duplicated,
-            "in_both": sum(len(p.in_both) for p in self.report.partitions),
-            "unexpected": sum(len(p.unexpected) for p in self.report.partitions),
-            "log_gaps": len(self.report.log_gaps) + len(self.report.dead_letter_log_gaps),
-            "poison_not_dead_lettered": self.poison_not_dead_lettered,
-            "dead_letters_not_poison": self.dead_letters_not_poison,
-            "pending": self.pending,
-        }
-
-
-def verify(
-    bootstrap: str,
-    topic: str,
-    table_uri: str,
-    app_id: str,
-    storage_options: Mapping[str, str] | None = None,
-    dead_letter_uri: str | None = None,
-) -> Verdict:
-    """Run kafka2delta.verify's checks and compare the dead-letter table with the poison sent."""
-    options = dict(storage_options or {})
-    letters_uri = dead_letter_uri or f"{table_uri}_dead_letters"
-    poison: dict[int, set[int]] = defaultdict(set)
-
-    def spot(message: PartitionMessages) -> bool:
-        payload = message.payloads[0]
-        if payload is not None and POISON in payload:
-            poison[message.partition].add(message.offsets[0])
-        return False  # no filter: every message is a row or a dead letter
-
-    offsets = read_topic(bootstrap, topic, {}, spot)
-    rows = table_offsets(
-        table_uri, options, "kafka_partition", "kafka_offset", where=pc.field("kafka_partition").is_valid()
-    )
-    letters = table_offsets(letters_uri, options, "partition", "offset", where=dead_letter_filter(app_id, topic))
-    committed = committed_versions(table_uri, options, app_id, sorted(offsets.offsets))
-    report = Report(
-        topic, table_uri, letters_uri, compare(offsets, rows, letters, committed),
-        log_gaps(table_uri, options), log_gaps(letters_uri, options),
-    )  # fmt: skip
-    letter_offsets: dict[int, set[int]] = defaultdict(set)
-    for partition, offset in zip(
-        letters.column("partition").to_pylist(), letters.column("offset").to_pylist(), strict=True
-    ):
-        if offset >= offsets.low.get(partition, 0):  # earlier ones were deleted by retention: not readable
-            letter_offsets[partition].add(offset)
-    partitions = set(poison) | set(letter_offsets)
-    return Verdict(
-        report=report,
-        messages=sum(len(o) for o in offsets.offsets.values()),
-        rows=rows.num_rows,
-        dead_letters=sum(len(o) for o in letter_offsets.values()),  # at offsets the topic still holds
-        poison=sum(len(o) for o in poison.values()),
-        poison_not_dead_lettered=sum(len(poison[p] - letter_offsets[p]) for p in partitions),
-        dead_letters_not_poison=sum(len(letter_offsets[p] - poison[p]) for p in partitions),
-        pending=sum(p.pending for p in report.partitions),
-    )
-
-
-def assert_verdict(verdict: Verdict) -> None:
-    figures = verdict.figures
-    bad = {
-        k: figures[k]
-        for k in (
-            "lost",
-            "duplicated",
-            "in_both",
-            "unexpected",
-            "log_gaps",
-            "poison_not_dead_lettered",
-            "dead_letters_not_poison",
-            "pending",
-        )
-        if figures[k]
-    }
-    assert not bad, f"{bad}\n{verdict.report.render()}"
-    assert verdict.poison > 0, "every scenario mixes poison in"
-
-
 # --- scenarios' shared steps ----------------------------------------------------------------
 
 
-def chaos_setup(make_setup: Callable[..., Setup], partitions: int, **kwargs: Any) -> Setup:
-    """A setup whose rows record their Kafka partition and offset (what the checker reads)."""
-    table = {"metadata_columns": METADATA, **kwargs.pop("table", {})}
-    return make_setup(partitions, table=table, **kwargs)
-
-
-def drain(
-    start_daemon: Callable[..., Daemon],
-    setup: Setup,
-    env: Mapping[str, str] | None = None,
-    timeout: float = 600,
-) -> Daemon:
-    """A last daemon run that commits everything up to the high watermarks and exits 0."""
-    final = start_daemon(setup, "--until-caught-up", env={**FAST_GROUP, **(env or {})})
-    assert final.wait(timeout) == 0, final.log()[-4000:]
-    return final
-
-
-def stop(daemon: Daemon, timeout: float = 180) -> None:
-    """SIGTERM once the daemon runs its loop (its handler is installed by then), and expect exit 0."""
-    wait_for(lambda: "assigned " in daemon.log() or daemon.process.poll() is not None, 180, "an assignment")
-    code = daemon.stop(timeout)
-    assert code == 0, daemon.log()[-4000:]
-
-
-def check(setup: Setup, storage_options: Mapping[str, str] | None = None, table_uri: str | None = None) -> Verdict:
-    verdict = verify(
-        setup.topic.bootstrap, setup.topic.name, table_uri or setup.table_uri, setup.app_id, storage_options
-    )
-    assert_verdict(verdict)
-    return verdict
-
-
-def wait_committed(setup: Setup, minimum: int = 1, timeout: float = 120) -> None:
-    """Until the table holds at least ``minimum`` rows."""
-
-    def enough() -> bool:
-        try:
-            return len(setup.ids()) >= minimum
-        except Exception:  # a table being created
-            return False
-
-    wait_for(enough, timeout, f"{minimum} committed rows")
-
-
-def random_pause(low: float, high: float, rng: random.Random | None = None) -> float:
-    pause = (rng or random).uniform(low, high)
-    time.sleep(pause)
-    return pause
-
-
 # --- results -------------------------------------------------------------------------------
-
-
-@dataclass
-class ChaosResult:
-    """What one scenario did and what the checker saw; written to ``results/<form>/<test>.json``."""
-
-    scenario: str = ""
-    faults: dict[str, int] = field(default_factory=dict)
-    notes: str = ""
-    verdict: Verdict | None = None
-
-    def fault(self, name: str, count: int = 1) -> None:
-        self.faults[name] = self.faults.get(name, 0) + count
 
 
 @pytest.hookimpl(wrapper=True)

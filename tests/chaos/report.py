@@ -1,6 +1,6 @@
 """Write the fault matrix of docs/RELIABILITY.md from the chaos suite's result files.
 
-    python tests/chaos/report.py [--form full|short] [--doc docs/RELIABILITY.md]
+    python -m tests.chaos.report [--form full|short] [--doc docs/RELIABILITY.md]
 
 Each chaos test writes ``tests/chaos/results/<form>/<test>.json`` (see ``tests/chaos/conftest.py``);
 this replaces the text between the ``<!-- matrix:start -->`` and ``<!-- matrix:end -->`` markers of the

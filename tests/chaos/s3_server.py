@@ -4,27 +4,21 @@ The chaos tests read the S3 tables with deltalake in the test process, and delta
 while it waits for storage: a moto server in that same process could then never answer. Here the
 server keeps its objects in this process's memory across ``stop``/``start`` (a restarted endpoint).
 
-    python tests/chaos/s3_server.py BUCKET
+    python -m tests.chaos.s3_server BUCKET
     → one JSON line: {"endpoint": …, "proxy": …, "options": {…}}
     ← stop | start | fail | heal | quit   → one JSON line each: {"done": cmd, "faults": n}
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from dev import s3
 
 
 def main() -> int:
-    spec = importlib.util.spec_from_file_location("k2d_dev_s3", ROOT / "dev" / "s3.py")
-    assert spec and spec.loader
-    s3 = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(s3)
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
     server = s3.LocalS3()
     server.start()

@@ -3,16 +3,16 @@ group's session timeout. These tests get a broker of their own (the session's is
 
 from __future__ import annotations
 
-import importlib
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
-from tests.chaos.conftest import (
+from dev.kafka.broker import LocalBroker
+from dev.local_server import pick_ports
+from tests.support.chaos import (
     FAST_GROUP,
     FULL,
     ChaosProducer,
@@ -23,17 +23,16 @@ from tests.chaos.conftest import (
     scale,
     stop,
     wait_committed,
-    wait_for,
 )
+from tests.support.harness import wait_for
 
 SESSION_TIMEOUT_S = int(FAST_GROUP["K2D_KAFKA__SETTINGS__SESSION_TIMEOUT_MS"]) / 1000
 
 
 @pytest.fixture(scope="module")
-def private_broker(broker_module: ModuleType, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    local_server = importlib.import_module("local_server")  # dev/, on sys.path once the broker module is loaded
-    port, controller_port = local_server.pick_ports(None, None)
-    broker = broker_module.LocalBroker(tmp_path_factory.mktemp("chaos-kafka"), port, controller_port)
+def private_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBroker]:
+    port, controller_port = pick_ports(None, None)
+    broker = LocalBroker(tmp_path_factory.mktemp("chaos-kafka"), port, controller_port)
     broker.start()
     try:
         yield broker

@@ -10,7 +10,7 @@ import time
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
-from tests.chaos.conftest import (
+from tests.support.chaos import (
     FAST_GROUP,
     ChaosProducer,
     ChaosResult,
@@ -20,8 +20,8 @@ from tests.chaos.conftest import (
     scale,
     stop,
     wait_committed,
-    wait_for,
 )
+from tests.support.harness import wait_for
 
 
 class ConcurrentWriter:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.chaos.conftest import (
+from tests.support.chaos import (
     FAST_GROUP,
     ChaosProducer,
     ChaosResult,
@@ -21,8 +21,8 @@ from tests.chaos.conftest import (
     scale,
     stop,
     wait_committed,
-    wait_for,
 )
+from tests.support.harness import wait_for
 
 COMMIT_POINTS = [
     "after_parquet_write",

@@ -8,7 +8,7 @@ import os
 import random
 import time
 
-from tests.chaos.conftest import (
+from tests.support.chaos import (
     FAST_GROUP,
     ChaosProducer,
     ChaosResult,

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 import subprocess
 import sys
@@ -19,40 +18,19 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 
-from tests.chaos.conftest import (
+from tests.support.chaos import (
     FAST_GROUP,
-    ROOT,
     ChaosProducer,
     ChaosResult,
-    Setup,
     chaos_setup,
     check,
     drain,
+    read_only,
     scale,
     stop,
     wait_committed,
-    wait_for,
 )
-
-
-@contextlib.contextmanager
-def read_only(*directories: Path) -> Iterator[None]:
-    """No entry can be created or removed in ``directories`` (chmod a-w; root ignores modes, so as
-    root the directories are also made immutable with chattr +i)."""
-    modes = {d: d.stat().st_mode for d in directories}
-    immutable: list[Path] = []
-    try:
-        for directory in directories:
-            directory.chmod(0o555)
-            if os.geteuid() == 0:
-                subprocess.run(["chattr", "+i", str(directory)], check=True)
-                immutable.append(directory)
-        yield
-    finally:
-        for directory in immutable:
-            subprocess.run(["chattr", "-i", str(directory)], check=True)
-        for directory, mode in modes.items():
-            directory.chmod(mode)
+from tests.support.harness import ROOT, Setup, wait_for
 
 
 def _local_producer(setup: Setup) -> ChaosProducer:
@@ -144,7 +122,7 @@ class S3Process:
     def __init__(self, bucket: str, log: Path) -> None:
         self._log = open(log, "ab")  # noqa: SIM115 - closed in close()
         self._process = subprocess.Popen(
-            [sys.executable, str(ROOT / "tests" / "chaos" / "s3_server.py"), bucket],
+            [sys.executable, "-m", "tests.chaos.s3_server", bucket],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._log,

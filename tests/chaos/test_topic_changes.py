@@ -10,13 +10,13 @@ import urllib.request
 from pathlib import Path
 
 from confluent_kafka import Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewPartitions
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewPartitions  # what confluent_kafka.admin re-exports (not in its __all__)
 
-from tests.chaos.conftest import (
+from tests.support.chaos import (
     FAST_GROUP,
     ChaosProducer,
     ChaosResult,
-    Topic,
     chaos_setup,
     check,
     drain,
@@ -24,8 +24,8 @@ from tests.chaos.conftest import (
     scale,
     stop,
     wait_committed,
-    wait_for,
 )
+from tests.support.harness import Setup, Topic, wait_for
 
 # librdkafka notices new partitions at its next metadata refresh (default every 5 minutes).
 REFRESH = {"K2D_KAFKA__SETTINGS__TOPIC_METADATA_REFRESH_INTERVAL_MS": "2000"}
@@ -63,7 +63,7 @@ def _partitions(admin: AdminClient, topic: Topic) -> int:
     return len(admin.list_topics(topic.name, timeout=10).topics[topic.name].partitions)
 
 
-def _partitions_with_rows(setup) -> set[int]:  # type: ignore[no-untyped-def]
+def _partitions_with_rows(setup: Setup) -> set[int]:
     try:
         table = setup.table().to_pyarrow_table(columns=["kafka_partition"])
     except Exception:
@@ -118,7 +118,7 @@ def test_offsets_deleted_by_retention_while_running(setup_factory, daemon_factor
     """The daemon's next fetch offset is deleted while it runs (it is stuck retrying a read-only table,
     and librdkafka may prefetch almost nothing): the broker answers OFFSET_OUT_OF_RANGE, and the policy
     (``earliest``) applies while running, logged at ERROR and counted."""
-    from tests.chaos.test_storage import read_only
+    from tests.support.chaos import read_only
 
     setup = chaos_setup(setup_factory, 1, allowed_latency_s=0.5, max_messages_per_file=scale(500, 5_000))
     chaos_result.scenario = "next offset deleted by retention while running (policy earliest)"
@@ -161,10 +161,10 @@ def test_offsets_deleted_by_retention_while_running(setup_factory, daemon_factor
     chaos_result.verdict = check(setup)
 
 
-def _txn(setup) -> int | None:  # type: ignore[no-untyped-def]
+def _txn(setup: Setup) -> int | None:
     """Partition 0's txn version, None before the table exists."""
     try:
-        return setup.txn_versions()[0]  # type: ignore[no-any-return]
+        return setup.txn_versions()[0]
     except Exception:
         return None
 

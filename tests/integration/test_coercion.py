@@ -4,7 +4,7 @@ import datetime as dt
 import json
 from decimal import Decimal
 
-from tests.integration.conftest import Message
+from tests.support.harness import Message
 
 SCHEMA = {
     "id": "string not null",

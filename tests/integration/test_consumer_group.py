@@ -2,7 +2,7 @@
 
 import threading
 
-from tests.integration.conftest import assert_exactly_once, wait_for
+from tests.support.harness import assert_exactly_once, wait_for
 
 
 def test_second_daemon_joins_then_first_stops(setup_factory, daemon_factory) -> None:

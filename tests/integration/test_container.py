@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import SCHEMA, Topic, assert_exactly_once, wait_for
+from tests.support.harness import SCHEMA, Topic, assert_exactly_once, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"

@@ -5,7 +5,7 @@ import json
 import subprocess
 import sys
 
-from tests.integration.conftest import ROOT, assert_exactly_once
+from tests.support.harness import ROOT, assert_exactly_once
 
 
 def test_20000_messages_over_3_partitions_exactly_once(setup_factory, daemon_factory) -> None:

@@ -4,7 +4,7 @@ import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 from kafka2delta.schema import parse_schema
-from tests.integration.conftest import SCHEMA, assert_exactly_once
+from tests.support.harness import SCHEMA, assert_exactly_once
 
 
 def test_daemon_starts_after_the_tables_txn_offsets(setup_factory, daemon_factory) -> None:

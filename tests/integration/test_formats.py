@@ -19,9 +19,9 @@ from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
-from tests.conftest import load_registry_module
-from tests.integration.conftest import Message, wait_for
-from tests.protobuf_support import compile_with_protoc, message_class
+from dev.registry.registry import LocalRegistry
+from tests.support.harness import Message, wait_for
+from tests.support.protobuf import compile_with_protoc, message_class
 
 
 def avro_schema(version: int) -> dict[str, Any]:
@@ -224,7 +224,7 @@ def test_raw_bytes(setup_factory, daemon_factory) -> None:
 def test_a_registry_outage_is_retried_never_a_dead_letter(setup_factory, daemon_factory, tmp_path: Path) -> None:
     """The daemon starts while its registry is down: it backs off with the offsets held, and once the
     registry is back every message lands; none became a dead letter."""
-    registry = load_registry_module().LocalRegistry(tmp_path / "registry")
+    registry = LocalRegistry(tmp_path / "registry")
     url = registry.start()
     setup = setup_factory(
         1,

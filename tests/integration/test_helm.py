@@ -12,13 +12,11 @@ time, cached in ~/.cache/kafka2delta/tools after that).
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import math
 import re
 import shutil
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -29,6 +27,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from dev import k8s_tools as dev_k8s_tools
+from dev import tools as dev_tools
 from kafka2delta import __version__
 from kafka2delta import config as k2d_config
 from kafka2delta.metrics import METRIC_NAMES
@@ -52,18 +52,9 @@ HISTOGRAMS = {
 }
 
 
-def _load_dev(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"k2d_dev_{name}", ROOT / "dev" / f"{name}.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def k8s_tools() -> ModuleType:
-    return _load_dev("k8s_tools")
+    return dev_k8s_tools
 
 
 @pytest.fixture(scope="module")
@@ -356,7 +347,8 @@ def test_pods_are_locked_down(render: Callable[..., list[dict[str, Any]]], case:
 
 @pytest.mark.parametrize("case", VALUES_FILES)
 def test_probes_service_and_grace_period(render: Callable[..., list[dict[str, Any]]], case: str) -> None:
-    values = yaml.safe_load(VALUES_FILES[case].read_text()) if VALUES_FILES[case] else {}
+    path = VALUES_FILES[case]
+    values = yaml.safe_load(path.read_text()) if path else {}
     docs = render(VALUES_FILES[case])
     deployment = _one(docs, "Deployment")
     pod = deployment["spec"]["template"]["spec"]
@@ -410,7 +402,7 @@ def test_environment_is_a_valid_daemon_config(render: Callable[..., list[dict[st
 
 def test_alerts_file_is_the_charts_rules(render: Callable[..., list[dict[str, Any]]]) -> None:
     """files/alerts.yaml (a plain rule file) holds exactly the PrometheusRule's groups with the default values:
-    regenerate it with `python dev/k8s_tools.py alerts` after changing the rules."""
+    regenerate it with `python -m dev.k8s_tools alerts` after changing the rules."""
     rule = _one(render(None, "prometheusRule.enabled=true"), "PrometheusRule")
     on_disk = yaml.safe_load((CHART / "files" / "alerts.yaml").read_text())
     assert on_disk == {"groups": rule["spec"]["groups"]}
@@ -490,8 +482,8 @@ def test_dashboard_structure(render: Callable[..., list[dict[str, Any]]]) -> Non
 @pytest.fixture(scope="module")
 def promtool() -> str:
     found = shutil.which("promtool")
-    if not found and (ROOT / "dev" / "tools.py").exists():
-        found = _load_dev("tools").ensure(["prometheus"]).get("promtool")  # Debian's prometheus package
+    if not found:
+        found = dev_tools.ensure(["prometheus"]).get("promtool")  # Debian's prometheus package
     if not found:
         pytest.skip("promtool (Debian package prometheus) is not installed")
     return str(found)

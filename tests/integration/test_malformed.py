@@ -5,7 +5,7 @@ import json
 
 from confluent_kafka import Consumer
 
-from tests.integration.conftest import Message, assert_exactly_once, event
+from tests.support.harness import Message, assert_exactly_once, event
 
 
 def payload(partition: int, seq: int) -> bytes | None:

@@ -10,24 +10,16 @@ dir (and copied to ``docs/status-page.png`` when ``K2D_UPDATE_DOCS=1``, to refre
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
-import socket
 import subprocess
-import sys
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
-import pytest
-from prometheus_client.parser import text_string_to_metric_families
-
-from tests.integration.conftest import Message, Setup, wait_for
+from tests.support.harness import Message, Setup, wait_for
+from tests.support.observability import ensure_tools, free_port, http_get, scrape, total
 
 ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOT_COPY = ROOT / "docs" / "status-page.png"
@@ -43,60 +35,6 @@ BAD = {
     "coerce": (lambda n: b'{"seq": %d, "ts": "2026-11-22T10:00:00Z"}' % n, 4),
     "empty": (lambda n: b"", 2),
 }
-
-
-def load_dev_tools() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("k2d_dev_tools", ROOT / "dev" / "tools.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-def ensure_tools(*tools: str) -> dict[str, str]:
-    """The programs of ``tools``, installed from Debian when missing; a failed install fails the test."""
-    dev_tools = load_dev_tools()
-    try:
-        paths: dict[str, str] = dev_tools.ensure(list(tools))
-    except dev_tools.ToolInstallError as exc:
-        pytest.fail(f"cannot install {tools} (dev/tools.py ensure {' '.join(tools)}): {exc}", pytrace=False)
-    return paths
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def http_get(url: str, accept: str | None = None) -> tuple[int, str, str]:
-    request = urllib.request.Request(url, headers={"Accept": accept} if accept else {})
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return response.status, response.headers["Content-Type"], response.read().decode()
-    except urllib.error.HTTPError as error:
-        return error.code, error.headers["Content-Type"], error.read().decode()
-    except OSError as error:
-        return 0, "", str(error)
-
-
-def scrape(base: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """Every sample of ``/metrics`` by (name, sorted labels)."""
-    code, _, text = http_get(f"{base}/metrics")
-    if code != 200:
-        return {}
-    return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
-
-
-def total(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str) -> float:
-    """The sum of ``name``'s samples whose labels include ``labels``."""
-    wanted = set(labels.items())
-    return sum(v for (n, ls), v in samples.items() if n == name and wanted <= set(ls))
 
 
 def chromium_command(chromium: str, profile: Path, *args: str) -> list[str]:
@@ -239,7 +177,7 @@ def test_metrics_health_status_page_and_json_logs(
     if len(status["commits"]) < 20:  # all of them: their rows and dead letters add up
         assert sum(c["rows"] for c in status["commits"]) == counts["good"]
         assert sum(c["dead_letters"] for c in status["commits"]) == sum(failed.values())
-    last_offsets = {}
+    last_offsets: dict[int, int] = {}
     for commit in status["commits"]:
         for partition, (_, last) in commit["offsets"].items():
             last_offsets[int(partition)] = max(last, last_offsets.get(int(partition), -1))

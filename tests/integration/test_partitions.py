@@ -2,10 +2,11 @@
 
 import datetime as dt
 import json
+from typing import Any
 
 import pyarrow as pa
 
-from tests.integration.conftest import Message
+from tests.support.harness import Message
 
 SCHEMA = {
     "id": "string not null",
@@ -29,9 +30,9 @@ def test_partition_columns_of_several_types_with_nulls(setup_factory, daemon_fac
         sections={"transforms": TRANSFORMS},
         table={"partition_by": ["day", "hour", "country", "bucket"]},
     )
-    docs = []
+    docs: list[dict[str, Any]] = []
     for i in range(60):
-        doc = {"id": f"e{i}", "ts": f"2026-11-{20 + i % 3}T{i % 24:02d}:30:00Z"}
+        doc: dict[str, Any] = {"id": f"e{i}", "ts": f"2026-11-{20 + i % 3}T{i % 24:02d}:30:00Z"}
         if i % 4:
             doc["country"] = ["FR", "a b/c", "DE"][i % 3]
         if i % 5:

@@ -5,7 +5,7 @@ dead-letter table with the right stage and reason, and no offset is in both."""
 import json
 import random
 
-from tests.integration.conftest import Message
+from tests.support.harness import Message
 
 SCHEMA = {
     "id": "string not null",

@@ -26,8 +26,8 @@ from typing import Any
 import pytest
 
 from kafka2delta.metrics import METRIC_NAMES
-from tests.integration.conftest import BackgroundProducer, Message, Setup, wait_for
-from tests.integration.test_observability import ensure_tools, free_port, http_get, scrape, total
+from tests.support.harness import BackgroundProducer, Message, Setup, wait_for
+from tests.support.observability import ensure_tools, free_port, http_get, scrape, total
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "helm" / "kafka2delta" / "files" / "dashboard.json"

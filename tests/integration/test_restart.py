@@ -1,6 +1,6 @@
 """A clean stop mid-stream and a restart: no duplicate, no gap."""
 
-from tests.integration.conftest import BackgroundProducer, assert_exactly_once, wait_for
+from tests.support.harness import BackgroundProducer, assert_exactly_once, wait_for
 
 
 def test_sigterm_mid_stream_then_restart(setup_factory, daemon_factory) -> None:

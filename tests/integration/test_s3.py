@@ -16,15 +16,15 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from tests.conftest import _load_dev_module
-from tests.integration.conftest import ROOT, BackgroundProducer, Message, Setup, wait_for
+from dev import s3 as dev_s3
+from tests.support.harness import BackgroundProducer, Message, Setup, wait_for
 
 BUCKET = "k2d-test"
 
 
 @pytest.fixture(scope="session")
 def s3_module() -> ModuleType:
-    return _load_dev_module("k2d_dev_s3", ROOT / "dev" / "s3.py")
+    return dev_s3
 
 
 @pytest.fixture(scope="session")

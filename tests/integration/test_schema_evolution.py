@@ -6,8 +6,9 @@ import time
 
 import pyarrow as pa
 from deltalake import DeltaTable, Field
+from deltalake.schema import PrimitiveType
 
-from tests.integration.conftest import Message, wait_for
+from tests.support.harness import Message, wait_for
 
 SCHEMA = {"id": "string not null", "n": "long", "user": "struct<id:long>"}
 
@@ -70,7 +71,7 @@ def test_a_schema_change_by_someone_else_is_picked_up_before_the_next_commit(set
     wait_for(lambda: len(setup.ids()) == 20, 60, "the first rows")
     assert setup.table().schema().to_arrow().names == ["id", "n", "user"]
 
-    DeltaTable(setup.table_uri).alter.add_columns([Field("x", "string", nullable=True)])
+    DeltaTable(setup.table_uri).alter.add_columns([Field("x", PrimitiveType("string"), nullable=True)])
     produce(setup, [{"id": f"b{i}", "n": i, "x": f"x{i}"} for i in range(20)])
     wait_for(lambda: len(setup.ids()) == 40, 60, "rows after the schema change")
     time.sleep(0.5)

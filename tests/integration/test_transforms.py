@@ -4,7 +4,7 @@ later transforms reading earlier ones, and a filter whose skipped messages still
 import datetime as dt
 import json
 
-from tests.integration.conftest import Message
+from tests.support.harness import Message
 
 SCHEMA = {
     "id": "string not null",

@@ -7,7 +7,7 @@ import sys
 
 from deltalake import DeltaTable, write_deltalake
 
-from tests.integration.conftest import ROOT, event
+from tests.support.harness import ROOT, event
 
 PER_PARTITION = 300
 POISON_SEQS = {7, 11, 150}  # a dead letter each, in every partition

@@ -3,17 +3,14 @@ ZooKeeper (from Maven Central, like the broker), and the broker/daemon factories
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
-from tests.integration.conftest import daemon_factory, setup_factory, topic_factory  # noqa: F401 - fixtures
+from dev.zookeeper.zookeeper import LocalZooKeeper
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,15 +24,6 @@ TEST_SPARK_CONF = {
     "spark.sql.streaming.stopTimeout": "10s",
     "spark.databricks.delta.checkpoint.writeStatsAsStruct": "true",
 }
-
-
-def load_zookeeper_module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("k2d_dev_zookeeper", ROOT / "dev" / "zookeeper" / "zookeeper.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="session")
@@ -54,7 +42,7 @@ def zookeeper_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     if external:
         yield external
         return
-    server = load_zookeeper_module().LocalZooKeeper(tmp_path_factory.mktemp("zookeeper"))
+    server = LocalZooKeeper(tmp_path_factory.mktemp("zookeeper"))
     try:
         yield server.start()
     finally:

@@ -11,7 +11,7 @@ import pytest
 
 from kafka2delta.spark.maintenance import optimize
 from kafka2delta.spark.tables import check_writable, table_stats
-from tests.integration.conftest import BackgroundProducer, Daemon, Setup, assert_exactly_once, wait_for
+from tests.support.harness import BackgroundProducer, Daemon, Setup, assert_exactly_once, wait_for
 
 pytestmark = pytest.mark.integration
 

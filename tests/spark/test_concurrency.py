@@ -29,8 +29,8 @@ from kafka2delta.spark.errors import ConflictingCommit
 from kafka2delta.spark.jobs import StreamingJob
 from kafka2delta.spark.maintenance import optimize
 from kafka2delta.spark.tables import check_writable
-from tests.integration.conftest import Daemon, Message, Setup, Topic, wait_for
-from tests.spark.jobs_support import OLD_TS, SCHEMA, config, delete, event, forget, jobs_section, update
+from tests.support.harness import Daemon, Message, Setup, Topic, wait_for
+from tests.support.spark_jobs import OLD_TS, SCHEMA, config, delete, event, forget, jobs_section, update
 
 pytestmark = pytest.mark.integration
 
@@ -118,7 +118,7 @@ def _run(
     optimizer = coordinator()
     errors: list[BaseException] = []
 
-    def guarded(body: Callable[[], None]) -> Callable[[], None]:
+    def guarded(body: Callable[..., None]) -> Callable[[], None]:
         def run() -> None:
             try:
                 body()

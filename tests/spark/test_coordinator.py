@@ -6,7 +6,7 @@ import itertools
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -18,7 +18,7 @@ Factory = Callable[..., Coordinator]
 
 
 @pytest.fixture(params=["file", "zookeeper"])
-def coordinators(request: pytest.FixtureRequest, tmp_path: Path) -> Factory:
+def coordinators(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Factory]:
     """Coordinators on one fresh resource, each with its own lock handle / ZooKeeper session (like processes)."""
     resource = f"r-{uuid.uuid4().hex[:8]}"
     created: list[Coordinator] = []
@@ -34,7 +34,7 @@ def coordinators(request: pytest.FixtureRequest, tmp_path: Path) -> Factory:
         created.append(coordinator)
         return coordinator
 
-    yield make  # type: ignore[misc]
+    yield make
     for coordinator in created:
         coordinator.close()
 

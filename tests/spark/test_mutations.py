@@ -16,8 +16,8 @@ from kafka2delta.coordinator import Coordinator, NoBackend
 from kafka2delta.errors import ConfigError
 from kafka2delta.spark.jobs import StreamingJob
 from kafka2delta.spark.tables import check_writable
-from tests.integration.conftest import Daemon, Message, Setup, Topic
-from tests.spark.jobs_support import SCHEMA, config, delete, event, forget, jobs_section, update
+from tests.support.harness import Daemon, Message, Setup, Topic
+from tests.support.spark_jobs import SCHEMA, config, delete, event, forget, jobs_section, update
 
 pytestmark = pytest.mark.integration
 

@@ -19,7 +19,7 @@ from deltalake import DeltaTable, write_deltalake
 
 from kafka2delta.spark.maintenance import vacuum
 from kafka2delta.spark.tables import data_files, referenced_paths
-from tests.integration.conftest import ROOT, Daemon, Setup, assert_exactly_once
+from tests.support.harness import ROOT, Daemon, Setup, assert_exactly_once
 
 pytestmark = pytest.mark.integration
 

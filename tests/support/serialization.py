@@ -14,7 +14,7 @@ from kafka2delta.errors import MessageError, RetryableError
 from kafka2delta.records import PartitionMessages
 from kafka2delta.registry import RegisteredSchema, SchemaReference
 from kafka2delta.serialization import Decoded
-from tests.protobuf_support import message_class
+from tests.support.protobuf import message_class
 
 
 def messages(payloads: Sequence[bytes | None], keys: Sequence[bytes | None] | None = None) -> PartitionMessages:

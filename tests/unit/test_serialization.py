@@ -32,7 +32,7 @@ from kafka2delta.serialization import (
     protobuf_to_arrow,
 )
 from kafka2delta.serialization.json import _nests_deeper
-from tests.protobuf_support import compile_with_protoc, message_class
+from tests.support.protobuf import compile_with_protoc, message_class
 from tests.support.registry import FakeRegistry
 from tests.support.serialization import (
     COMMON_PROTO,

@@ -21,7 +21,7 @@ from kafka2delta.config import FormatConfig
 from kafka2delta.errors import MessageError
 from kafka2delta.registry import RegisteredSchema, SchemaReference
 from kafka2delta.serialization import Decoded, Deserializer, JsonDeserializer, build_deserializer
-from tests.protobuf_support import compile_with_protoc
+from tests.support.protobuf import compile_with_protoc
 from tests.support.serialization import (
     COMMON_PROTO,
     EVENT_PROTO,

@@ -1,6 +1,6 @@
 {{/*
 The alerting rules, from values `alerts:`. Rendered into the PrometheusRule (prometheusRule.enabled) and, with
-the default values, into files/alerts.yaml (python dev/k8s_tools.py alerts), the plain rule file that
+the default values, into files/alerts.yaml (python -m dev.k8s_tools alerts), the plain rule file that
 `promtool check rules` reads. `alerts.selector` (PromQL label matchers, e.g. namespace="ingest") is added
 to every series the rules read; empty by default.
 */}}

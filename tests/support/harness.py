@@ -1,4 +1,8 @@
-"""Factories for integration tests: topics, producers, daemon subprocesses, table readers."""
+"""The real-broker test harness: topics and producers, the daemon as a subprocess, reading its tables.
+
+The fixtures that build these (``topic_factory``, ``setup_factory``, ``daemon_factory``) are in
+``tests/conftest.py``.
+"""
 
 from __future__ import annotations
 
@@ -9,22 +13,22 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
-import pytest
 from confluent_kafka import Producer
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
 # Rows record where they came from unless a test opts out (setup_factory(metadata_columns=None)):
 # what `kafka2delta verify` reads.
 METADATA_COLUMNS = ["topic", "partition", "offset"]
+
 
 SCHEMA = {
     "id": "string not null",
@@ -54,7 +58,7 @@ class Message:
     partition: int
     value: bytes | None
     key: bytes | None = None
-    headers: list[tuple[str, bytes]] | None = None
+    headers: list[tuple[str, str | bytes | None]] | None = None
 
 
 @dataclass
@@ -123,16 +127,6 @@ class BackgroundProducer:
         return self.ids
 
 
-@pytest.fixture
-def topic_factory(kafka_bootstrap: str, broker_module: ModuleType) -> Callable[[int], Topic]:
-    def create(partitions: int) -> Topic:
-        name = f"t-{uuid.uuid4().hex[:10]}"
-        broker_module.create_topic(kafka_bootstrap, name, partitions)
-        return Topic(name, partitions, kafka_bootstrap)
-
-    return create
-
-
 class Daemon:
     def __init__(self, args: list[str], env: dict[str, str], log_path: Path) -> None:
         self.log_path = log_path
@@ -180,7 +174,8 @@ class Setup:
             table = self.table()
         except TableNotFoundError:
             return []
-        return table.to_pyarrow_table(columns=["id"]).column("id").to_pylist()
+        ids: list[str] = table.to_pyarrow_table(columns=["id"]).column("id").to_pylist()
+        return ids
 
     def txn_versions(self) -> dict[int, int | None]:
         table = self.table()
@@ -191,7 +186,8 @@ class Setup:
         return f"{self.table_uri}_dead_letters"
 
     def rows(self) -> list[dict[str, Any]]:
-        return self.table().to_pyarrow_table().to_pylist()
+        rows: list[dict[str, Any]] = self.table().to_pyarrow_table().to_pylist()
+        return rows
 
     def dead_letters(self) -> list[dict[str, Any]]:
         """The dead-letter table's rows, by (partition, offset)."""
@@ -232,69 +228,9 @@ def toml_section(name: str, values: dict[str, Any]) -> list[str]:
     return lines
 
 
-@pytest.fixture
-def setup_factory(tmp_path: Path, topic_factory: Callable[[int], Topic]) -> Callable[..., Setup]:
-    def make(
-        partitions: int,
-        schema: dict[str, str] | None = None,
-        sections: dict[str, dict[str, Any]] | None = None,
-        table: dict[str, Any] | None = None,
-        metadata_columns: list[str] | None = METADATA_COLUMNS,
-        table_uri: str | None = None,
-        storage_options: dict[str, str] | None = None,
-        **ingest: Any,
-    ) -> Setup:
-        """A topic, a table location and a config file. ``sections`` adds TOML tables (format, transforms …),
-        ``table`` adds keys to [table] (partition_by, schema_evolution …). Rows record ``metadata_columns``
-        (None: none; ``table={"metadata_columns": …}`` wins). ``table_uri`` and ``storage_options`` put the
-        table elsewhere (an s3:// bucket)."""
-        topic = topic_factory(partitions)
-        table_uri = table_uri or str(tmp_path / "table")
-        table = {**({"metadata_columns": metadata_columns} if metadata_columns else {}), **(table or {})}
-        ingest_settings = {"allowed_latency_s": 1.0, "progress_interval_s": 2.0, **ingest}
-        lines = [
-            "[kafka]",
-            f'bootstrap_servers = "{topic.bootstrap}"',
-            f'topic = "{topic.name}"',
-            f'group_id = "g-{topic.name}"',
-            "[kafka.settings]",
-            '"session.timeout.ms" = "10000"',
-            '"heartbeat.interval.ms" = "1000"',
-            *toml_section("table", {"uri": table_uri, **table}),
-            *toml_section("table.schema", schema if schema is not None else SCHEMA),
-            *(toml_section("table.storage_options", storage_options) if storage_options else []),
-            *toml_section("ingest", ingest_settings),
-        ]
-        for name, values in (sections or {}).items():
-            lines += toml_section(name, values)
-        config_path = tmp_path / "config.toml"
-        config_path.write_text("\n".join(lines) + "\n")
-        return Setup(topic, table_uri, config_path, tmp_path, topic.name, dict(storage_options or {}))
-
-    return make
-
-
-@pytest.fixture
-def daemon_factory(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
-    started: list[Daemon] = []
-    counter = iter(range(1000))
-
-    def start(setup: Setup, *extra: str, env: dict[str, str] | None = None) -> Daemon:
-        args = [sys.executable, "-m", "kafka2delta", "ingest", "-c", str(setup.config_path), *extra]
-        full_env = {k: v for k, v in os.environ.items() if not k.startswith("K2D_")}
-        full_env.update(env or {})
-        daemon = Daemon(args, full_env, tmp_path / f"daemon-{next(counter)}.log")
-        started.append(daemon)
-        return daemon
-
-    yield start
-    for daemon in started:
-        if daemon.process.poll() is None:
-            daemon.process.kill()
-            daemon.process.wait()
-
-
-def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
+def wait_for(condition: Callable[..., bool], timeout: float, what: str) -> None:
+    """Poll ``condition()`` until true; fail naming ``what`` after ``timeout`` seconds. (``Callable[...]``: tests
+    pass lambdas that bind loop values as defaults, ``lambda t=target: …``.)"""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if condition():

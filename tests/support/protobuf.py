@@ -7,7 +7,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory  # type: ignore[import-untyped]
 from grpc_tools import protoc  # type: ignore[import-untyped]
 
 

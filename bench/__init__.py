@@ -1,0 +1,1 @@
+"""The benchmark: kafka2delta side by side with Spark Structured Streaming (``python -m bench.run``)."""

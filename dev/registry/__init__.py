@@ -1,0 +1,1 @@
+"""A local Apicurio schema registry from Maven Central: :mod:`dev.registry.registry`."""

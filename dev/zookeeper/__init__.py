@@ -1,0 +1,1 @@
+"""A local ZooKeeper for the job coordinator: :mod:`dev.zookeeper.zookeeper`."""
