@@ -12,12 +12,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kafka2delta.records import TopicPartition
+
 
 @dataclass(kw_only=True)
 class PartitionState:
-    partition: int
-    committed: int | None
-    """The main table's txn version: the last offset whose outcome is final (None: nothing committed)."""
+    tp: TopicPartition
+    home: str
+    """The URI of the partition's home table: the table of its topic's first route. Its commits also make the
+    partition's dead letters final (they ride with the home table's flush)."""
+    tables: dict[str, int | None]
+    """Each table this partition's messages can go to (the home table first), with its txn version for the
+    partition: the last offset whose outcome that table holds (None: nothing committed). Routing by topic:
+    one table. By ``[routing] expression``: several, whose versions differ only after a crash between their
+    commits, until each has committed again (each drops the offsets it already holds)."""
     dead_letters_committed: int | None
     """The dead-letter table's txn version: every dead letter up to this offset is recorded."""
     position: int | None
@@ -25,8 +33,21 @@ class PartitionState:
     high_watermark: int
     """The last known high watermark (the broker's at assignment, then the consumer's cached one)."""
     recorded_dead_letters: set[int] = field(default_factory=set)
-    """Offsets after ``committed`` that are dead letters already (a crash came between the dead-letter
-    commit and the main one): final, never processed again; they only advance the main txn."""
+    """Offsets after the home table's version that are dead letters already (a crash came between the
+    dead-letter commit and the home table's): final, never processed again; they only advance the txns."""
+
+    @property
+    def committed(self) -> int | None:
+        """The last offset every table holds the outcome of: the lowest version (None: no table holds any).
+        A table holding nothing while the others hold something joined later (a route added since): it
+        starts where the partition is."""
+        held = [version for version in self.tables.values() if version is not None]
+        return min(held) if held else None
+
+    def holds(self, table: str) -> int | None:
+        """The last offset whose outcome ``table`` holds (a table that joined later: where it started)."""
+        version = self.tables[table]
+        return version if version is not None else self.committed
 
     def lag(self) -> int:
         """Messages the broker holds beyond what is committed; never negative (a cached watermark may trail)."""

@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from functools import partial
 from types import FrameType
 
 import pyarrow as pa
@@ -22,19 +23,22 @@ from kafka2delta.config import Config, load_config
 from kafka2delta.coordinator import open_coordinator
 from kafka2delta.dead_letters import DeadLetterTable
 from kafka2delta.errors import ConfigError, FatalError, Kafka2DeltaError, RetryableError
-from kafka2delta.kafka import DeadLetterTopic, KafkaSource, high_watermarks, topic_partitions
+from kafka2delta.kafka import DeadLetterTopic, KafkaSource, high_watermarks, subscribed_topics, topic_partitions
 from kafka2delta.logs import setup_logging
 from kafka2delta.metrics import Metrics
-from kafka2delta.offsets import txn_app_id
 from kafka2delta.pipeline import Pipeline
+from kafka2delta.records import TopicPartition
 from kafka2delta.registry import SchemaRegistry
+from kafka2delta.routing import Routes, TableSpec
 from kafka2delta.runner import Ingestor
 from kafka2delta.schema import parse_schema
 from kafka2delta.serialization import build_deserializer
 from kafka2delta.spark import commands as spark_commands
+from kafka2delta.splitting import ROUTE_COLUMN, ROUTE_SCHEMA
 from kafka2delta.status import StatusServer
+from kafka2delta.tables import OpenedTable
 from kafka2delta.transforms import Transformer
-from kafka2delta.writer import DeltaWriter
+from kafka2delta.writer import DeferredTable, DeltaWriter, open_delta_table
 
 logger = logging.getLogger("kafka2delta")
 
@@ -43,7 +47,7 @@ EXIT_OK, EXIT_FATAL, EXIT_CONFIG = 0, 1, 2
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="kafka2delta", description="Stream a Kafka topic into a Delta table exactly once."
+        prog="kafka2delta", description="Stream Kafka topics into Delta tables exactly once."
     )
     parser.add_argument("--version", action="version", version=f"kafka2delta {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -79,7 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "ingest":
             return _ingest(config, args.until_caught_up)
         if args.command == "verify":
-            return verify.command(config, args.json, args.timeout, lambda schema: build_pipeline(config, schema))
+            return verify.command(config, args.json, args.timeout, partial(build_pipeline, config))
         if args.command in spark_commands.COMMANDS:
             return spark_commands.run(args, config)
         return _status(config)
@@ -94,31 +98,73 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_FATAL
 
 
-def _open_writer(config: Config, create: bool) -> DeltaWriter:
-    columns = config.create_schema_columns()
-    schema = parse_schema(columns) if config.table.schema and create else None
-    return DeltaWriter.open(
-        config.table.uri,
+def open_table(config: Config, spec: TableSpec) -> OpenedTable:
+    """A routed table as the daemon writes it: the Delta table (created from the route's columns when it does
+    not exist, or later from its first rows when it has none), its pipeline, and its coordinator."""
+    if not spec.columns and config.format.type in ("json", "raw") and spec.schema_evolution != "merge":
+        raise ConfigError(
+            f"{spec.route}.schema",
+            f'table {spec.uri} has no schema: give one, or set schema_evolution = "merge" to take it from the '
+            "first batch",
+        )
+    writer = open_table_writer(config, spec, create=True)
+    coordinator = open_coordinator(config.coordinator, spec.uri) if config.coordinator.join_ingest else None
+    if coordinator is not None:
+        logger.info("joined the job coordinator (%s) on %s", config.coordinator.backend, coordinator.resource)
+    return OpenedTable(writer=writer, pipeline=build_pipeline(config, writer.schema, spec), coordinator=coordinator)
+
+
+def open_table_writer(config: Config, spec: TableSpec, create: bool) -> DeltaWriter | DeferredTable:
+    """The Delta edge of a routed table (``create=False``: an existing one only; ConfigError otherwise)."""
+    schema = parse_schema(dict(spec.columns)) if spec.columns and create else None
+    return open_delta_table(
+        spec.uri,
         config.table.storage_options,
-        config.app_id,
+        spec.txn_ids.main,
         config.ingest.compression,
         config.table.checkpoint_interval,
         schema,
-        config.table.partition_by,
+        spec.partition_by,
+        spec.txn_ids.legacy_main,
+        defer=create,
     )
 
 
-def build_pipeline(config: Config, table_schema: pa.Schema) -> Pipeline:
-    """The stages as configured, fitted to ``table_schema``; a bad expression or format setting is a ConfigError."""
+def build_pipeline(config: Config, table_schema: pa.Schema, spec: TableSpec | None = None) -> Pipeline:
+    """The stages as configured, fitted to ``table_schema`` (of ``spec``'s table; default: ``[table]``'s);
+    a bad expression or format setting is a ConfigError."""
     registry = SchemaRegistry(config.schema_registry) if config.schema_registry.url else None
     deserializer = build_deserializer(config.format, registry, config.kafka.topic)
-    transformer = Transformer(config.transforms + config.metadata_transforms, config.filter.expression)
+    metadata_columns = spec.metadata_columns if spec is not None else config.table.metadata_columns
+    metadata = tuple((f"kafka_{name}", f"kafka.{name}") for name in metadata_columns)
+    transformer = Transformer(config.transforms + metadata, config.filter.expression)
     # kafka.timestamp is epoch milliseconds whatever unit the message's own epochs use.
-    epoch_units = {**config.coercions.epoch_units, **({"kafka_timestamp": "ms"} if config.metadata_transforms else {})}
+    epoch_units = {**config.coercions.epoch_units, **({"kafka_timestamp": "ms"} if metadata else {})}
     options = CoercionOptions(config.coercions.epoch_unit, epoch_units)
-    if config.format.type == "raw" and config.format.raw_column not in table_schema.names:
+    if config.format.type == "raw" and config.format.raw_column not in table_schema.names and table_schema.names:
         raise ConfigError("format.raw_column", f"column {config.format.raw_column!r} is not in the table")
-    return Pipeline(deserializer, table_schema, transformer, options, config.table.schema_evolution)
+    evolution = spec.schema_evolution if spec is not None else config.table.schema_evolution
+    # A table created from its first batch takes that batch's fields (Avro/Protobuf: its writer schema).
+    if spec is not None and not spec.columns and not table_schema.names:
+        evolution = "merge"
+    return Pipeline(
+        deserializer,
+        table_schema,
+        transformer,
+        options,
+        "merge" if evolution == "merge" else "none",
+        table=spec.name if spec is not None else None,
+    )
+
+
+def build_router(config: Config) -> Pipeline:
+    """The route stage's pipeline (``[routing] expression``): decode and transform as the tables do, then put the
+    expression's value in the router's one column."""
+    registry = SchemaRegistry(config.schema_registry) if config.schema_registry.url else None
+    deserializer = build_deserializer(config.format, registry, config.kafka.topic)
+    transformer = Transformer((*config.transforms, (ROUTE_COLUMN, config.routing.expression)), config.filter.expression)
+    options = CoercionOptions(config.coercions.epoch_unit, dict(config.coercions.epoch_units))
+    return Pipeline(deserializer, ROUTE_SCHEMA, transformer, options, "none")
 
 
 def _ingest(config: Config, until_caught_up: bool) -> int:
@@ -129,39 +175,28 @@ def _ingest(config: Config, until_caught_up: bool) -> int:
     for line in config.summary():
         logger.info("  %s", line)
     logger.debug("full configuration (secrets masked): %s", config.masked())
-    writer = _open_writer(config, create=True)
     metrics = Metrics()
+    routes = Routes(config)
     # Headers cost a little per message: read them only when an expression can see the kafka object.
     expressions = [expression for _, expression in config.transforms] + [config.filter.expression]
+    expressions.append(config.routing.expression)
     with_headers = any("kafka" in expression for expression in expressions)
     source = KafkaSource(config.kafka, partition_eof=until_caught_up, with_headers=with_headers)
-    pipeline = build_pipeline(config, writer.schema)
-    dead_letters = DeadLetterTable.open(
-        config.dead_letter_table_uri,
-        config.table.storage_options,
-        config.app_id,
-        config.kafka.topic,
-        config.ingest.compression,
-        config.table.checkpoint_interval,
-    )
+    dead_letters = open_dead_letters(config, routes)
     dead_letter_topic = (
         DeadLetterTopic(config.kafka.bootstrap_servers, config.kafka.settings, config.dead_letters.topic)
         if config.dead_letters.topic
         else None
     )
-    # [coordinator] join_ingest: each commit in an "ingest" turn on the table's lock (kafka2delta.coordinator).
-    coordinator = open_coordinator(config.coordinator, config.table.uri) if config.coordinator.join_ingest else None
-    if coordinator is not None:
-        logger.info("joined the job coordinator (%s) on %s", config.coordinator.backend, coordinator.resource)
     ingestor = Ingestor(
         config,
         source=source,
-        writer=writer,
-        pipeline=pipeline,
+        tables=lambda spec: open_table(config, spec),
+        routes=routes,
         dead_letters=dead_letters,
         metrics=metrics,
         dead_letter_topic=dead_letter_topic,
-        coordinator=coordinator,
+        router=(lambda: build_router(config)) if config.routing.expression else None,
     )
 
     def stop(signum: int, frame: FrameType | None) -> None:
@@ -181,32 +216,63 @@ def _ingest(config: Config, until_caught_up: bool) -> int:
     finally:
         if server is not None:
             server.close()
-        if coordinator is not None:
-            coordinator.close()
     return EXIT_OK
 
 
+def open_dead_letters(config: Config, routes: Routes) -> DeadLetterTable:
+    """The daemon's one dead-letter table; each topic's app id (txn ids, ``app_id`` column) from its route."""
+
+    def legacy(tp: TopicPartition) -> str | None:
+        return routes.dead_letter_txn_ids(tp.topic).legacy_dead_letters(tp)
+
+    return DeadLetterTable.open(
+        config.dead_letter_table_uri,
+        config.table.storage_options,
+        routes.dead_letter_prefix,
+        config.ingest.compression,
+        config.table.checkpoint_interval,
+        legacy,
+        routes.dead_letter_app_ids,
+    )
+
+
 def _status(config: Config) -> int:
-    writer = _open_writer(config, create=False)
-    partitions = topic_partitions(config.kafka.bootstrap_servers, config.kafka.topic, config.kafka.settings)
-    committed = writer.committed_offsets(partitions)
-    last_commit: dict[int, str] = {}
-    for entry in writer.history(1000):
-        info = entry.get("kafka2delta")
-        if not isinstance(info, dict) or info.get("app_id") != config.app_id:
-            continue
-        when = dt.datetime.fromtimestamp(entry["timestamp"] / 1000, dt.UTC).isoformat(timespec="seconds")
-        for partition in info.get("offsets", {}):
-            last_commit.setdefault(int(partition), f"{when} (v{entry['version']})")
-    watermarks = high_watermarks(config.kafka.bootstrap_servers, config.kafka.topic, partitions, config.kafka.settings)
-    print(f"table {config.table.uri} version {writer.version}, topic {config.kafka.topic}, app id {config.app_id}")
-    print(f"{'partition':>9} {'txn app id':<24} {'committed':>12} {'high wm':>12} {'lag':>10}  last commit")
-    for partition in partitions:
-        done = committed[partition]
-        high = watermarks[partition]
-        lag = high - (done + 1 if done is not None else 0)
-        print(
-            f"{partition:>9} {txn_app_id(config.app_id, partition):<24} {'-' if done is None else done:>12} "
-            f"{high:>12} {lag:>10}  {last_commit.get(partition, '-')}"
+    """Per table and topic partition: the txn version in the table, the high watermark, the lag."""
+    settings = config.kafka.settings
+    routes = Routes(config)
+    for topic in subscribed_topics(config.kafka.bootstrap_servers, config.kafka, settings):
+        spec = routes.table_for(topic)
+        partitions = [
+            TopicPartition(topic, p) for p in topic_partitions(config.kafka.bootstrap_servers, topic, settings)
+        ]
+        try:
+            writer: DeltaWriter | DeferredTable | None = open_table_writer(config, spec, create=False)
+        except ConfigError:
+            writer = None  # not created yet
+        committed = writer.committed_offsets(partitions) if writer is not None else dict.fromkeys(partitions)
+        last_commit: dict[int, str] = {}
+        for entry in writer.history(1000) if isinstance(writer, DeltaWriter) else []:
+            info = entry.get("kafka2delta")
+            if not isinstance(info, dict):
+                continue
+            when = dt.datetime.fromtimestamp(entry["timestamp"] / 1000, dt.UTC).isoformat(timespec="seconds")
+            offsets = info.get("topics", {}).get(topic) or (
+                info.get("offsets", {}) if info.get("topic") == topic else {}
+            )
+            for partition in offsets:
+                last_commit.setdefault(int(partition), f"{when} (v{entry['version']})")
+        watermarks = high_watermarks(
+            config.kafka.bootstrap_servers, topic, [tp.partition for tp in partitions], settings
         )
+        version = writer.version if writer is not None else "(not created)"
+        print(f"table {spec.uri} version {version}, topic {topic}")
+        print(f"{'partition':>9} {'txn app id':<32} {'committed':>12} {'high wm':>12} {'lag':>10}  last commit")
+        for tp in partitions:
+            done = committed[tp]
+            high = watermarks[tp.partition]
+            lag = high - (done + 1 if done is not None else 0)
+            print(
+                f"{tp.partition:>9} {spec.txn_ids.main(tp):<32} {'-' if done is None else done:>12} "
+                f"{high:>12} {lag:>10}  {last_commit.get(tp.partition, '-')}"
+            )
     return EXIT_OK

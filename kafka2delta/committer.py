@@ -29,7 +29,7 @@ from kafka2delta.edges import DeadLetterProducer, DeadLetterStore, TableWriter
 from kafka2delta.errors import CommitConflict, RetryableError, RowsRejected, SchemaChanged
 from kafka2delta.metrics import Metrics
 from kafka2delta.pipeline import Pipeline
-from kafka2delta.records import DeadLetter, OffsetRange, payload_json
+from kafka2delta.records import DeadLetter, OffsetRange, TopicPartition, payload_json
 from kafka2delta.retries import Retrier
 from kafka2delta.schema import evolve
 from kafka2delta.value_buffers import PartitionBuffer
@@ -46,16 +46,16 @@ _LOGGED_DEAD_LETTERS = 10  # per commit; the rest are in the dead-letter table a
 class PendingCommit:
     """One flush's work, kept across retries so no file is written and no dead letter recorded twice."""
 
-    buffers: dict[int, PartitionBuffer]
-    files: dict[int, list[AddAction]] = field(default_factory=dict)
-    letters_recorded: set[int] = field(default_factory=set)
+    buffers: dict[TopicPartition, PartitionBuffer]
+    files: dict[TopicPartition, list[AddAction]] = field(default_factory=dict)
+    letters_recorded: set[TopicPartition] = field(default_factory=set)
     letters_produced: bool = False
     schema_checked: bool = False
 
-    def drop(self, partition: int) -> PartitionBuffer | None:
-        self.files.pop(partition, None)
-        self.letters_recorded.discard(partition)
-        return self.buffers.pop(partition, None)
+    def drop(self, tp: TopicPartition) -> PartitionBuffer | None:
+        self.files.pop(tp, None)
+        self.letters_recorded.discard(tp)
+        return self.buffers.pop(tp, None)
 
     def actions(self) -> list[AddAction]:
         """The files of every partition still pending."""
@@ -63,13 +63,14 @@ class PendingCommit:
 
 
 class Committer:
-    """Commits flushes of one topic into one table and its dead-letter table."""
+    """Commits flushes into one table (any of the topics routed to it) and the dead-letter table."""
 
     def __init__(
         self,
         *,
         app_id: str,
-        topic: str,
+        multi_topic: bool,
+        name: str,
         writer: TableWriter,
         dead_letters: DeadLetterStore,
         dead_letter_topic: DeadLetterProducer | None,
@@ -79,7 +80,10 @@ class Committer:
         clock: Callable[[], float],
     ) -> None:
         self._app_id = app_id
-        self._topic = topic
+        self._multi_topic = multi_topic
+        self.name = name
+        """The table as metrics and logs name it (its route's name, or its URI)."""
+        self.uri = writer.uri
         self._writer = writer
         self._dead_letters = dead_letters
         self._dead_letter_topic = dead_letter_topic
@@ -92,7 +96,7 @@ class Committer:
         self.commit_seconds = 0.0
         """The Delta commit of the last attempt, alone."""
 
-    def commit(self, pending: PendingCommit, partitions: Mapping[int, PartitionState]) -> int:
+    def commit(self, pending: PendingCommit, partitions: Mapping[TopicPartition, PartitionState]) -> int:
         """Steps 1-3 for ``pending``; returns the table version. What an earlier attempt did is not done again.
 
         ``partitions`` holds the txn versions the batch started from (read) and, once the dead letters
@@ -114,15 +118,11 @@ class Committer:
         moved = {p: v for p, v in in_dead_letters.items() if v != partitions[p].dead_letters_committed}
         if moved:
             raise CommitConflict(moved)
-        ranges = {p: OffsetRange(b.first_offset, b.last_offset) for p, b in taken.items()}
-        metadata: dict[str, Any] = {
-            "app_id": self._app_id,
-            "topic": self._topic,
-            "offsets": {str(p): [r.first, r.last] for p, r in ranges.items()},
-            "rows": sum(b.rows for b in taken.values()),
-            "dead_letters": sum(len(b.dead_letters) for b in taken.values()),
-        }
-        expected = {p: partitions[p].committed for p in taken}
+        ranges = {tp: OffsetRange(b.first_offset, b.last_offset) for tp, b in taken.items()}
+        metadata = self._metadata(ranges)
+        metadata["rows"] = sum(b.rows for b in taken.values())
+        metadata["dead_letters"] = sum(len(b.dead_letters) for b in taken.values())
+        expected = {p: partitions[p].tables[self.uri] for p in taken}
         versions = {p: r.last for p, r in ranges.items()}
         started = self._clock()
         if not evolving:
@@ -135,10 +135,18 @@ class Committer:
         metadata["added_columns"] = added
         version = self._writer.commit_evolution(rows, expected, versions, metadata)
         self.commit_seconds = self._clock() - started
-        self._metrics.columns_added(self._topic, len(added))
+        self._metrics.columns_added(self.name, len(added))
         logger.info("schema evolution committed in version %d: the table schema is now %s", version, schema)
         self.adopt_schema(self._writer.schema)
         return version
+
+    def mark_starts(self, starts: Mapping[TopicPartition, int]) -> int:
+        """An empty commit giving partitions that have no txn in this table their first one (``starts``: the
+        offset before each partition's first message), before any message is taken."""
+        metadata = self._metadata({tp: OffsetRange(start + 1, start) for tp, start in starts.items()})
+        metadata["rows"] = 0
+        metadata["marks_start"] = True
+        return self._writer.commit([], dict.fromkeys(starts), dict(starts), metadata)
 
     def adopt_schema(self, schema: pa.Schema) -> None:
         """Fit the stages to ``schema`` from now on (our evolution commit, or another writer's change)."""
@@ -170,35 +178,36 @@ class Committer:
                         pending.files[partition] = []
                     else:
                         pending.files[partition] = (
-                            self._writer.write_files(self._topic, partition, offsets, rows) if buffer.rows else []
+                            self._writer.write_files(partition, offsets, rows) if buffer.rows else []
                         )
                     break
                 except RowsRejected as rejected:
                     self._reject_rows(partition, buffer, rows, rejected, schema)
 
     def _reject_rows(
-        self, partition: int, buffer: PartitionBuffer, rows: pa.Table, rejected: RowsRejected, schema: pa.Schema
+        self, tp: TopicPartition, buffer: PartitionBuffer, rows: pa.Table, rejected: RowsRejected, schema: pa.Schema
     ) -> None:
         row_offsets = buffer.offsets().to_pylist()
         for index, exc in rejected.failures:
             row = rows.slice(index, 1).to_pylist()[0]
             letter = DeadLetter(
-                topic=self._topic,
-                partition=partition,
+                topic=tp.topic,
+                partition=tp.partition,
                 offset=row_offsets[index],
                 stage="write",
                 reason=str(exc),
                 payload=b"",
                 payload_json=payload_json(b"", row),
+                table=self.name,
             )
             buffer.dead_letters.append(letter)
             logger.warning("%s: Parquet refused the row: %s", letter.where, exc)
-        self._metrics.failed(self._topic, "write", len(rejected.failures))
+        self._metrics.failed(tp.topic, "write", len(rejected.failures))
         buffer.reject_rows([index for index, _ in rejected.failures], schema)
 
     # --- step 2: dead letters -----------------------------------------------------------------
 
-    def _commit_dead_letters(self, pending: PendingCommit, partitions: Mapping[int, PartitionState]) -> None:
+    def _commit_dead_letters(self, pending: PendingCommit, partitions: Mapping[TopicPartition, PartitionState]) -> None:
         """The dead letters of the pending partitions, with their own txns, before the main commit."""
         letters = {
             p: b.dead_letters
@@ -220,22 +229,20 @@ class Committer:
         for partition in unmoved:
             landed = self._recorded_among(partition, letters[partition])
             letters[partition] = [letter for letter in letters[partition] if letter.offset not in landed]
-        metadata: dict[str, Any] = {
-            "app_id": self._app_id,
-            "topic": self._topic,
-            "offsets": {str(p): [pending.buffers[p].first_offset, pending.buffers[p].last_offset] for p in letters},
-            "dead_letters": len(flat),
-        }
+        metadata = self._metadata(
+            {tp: OffsetRange(pending.buffers[tp].first_offset, pending.buffers[tp].last_offset) for tp in letters}
+        )
+        metadata["dead_letters"] = len(flat)
         self._dead_letters.commit(letters, expected, versions, metadata)
         for partition in unmoved:
             if len(self._recorded_among(partition, letters[partition])) != len(letters[partition]):
-                raise RetryableError(f"dead letters of {self._topic}[{partition}] did not land in the commit")
+                raise RetryableError(f"dead letters of {partition} did not land in the commit")
         for partition, version in versions.items():
             partitions[partition].dead_letters_committed = version
         pending.letters_recorded.update(letters)
         self._report_dead_letters(flat)
 
-    def _recorded_among(self, partition: int, letters: Sequence[DeadLetter]) -> set[int]:
+    def _recorded_among(self, partition: TopicPartition, letters: Sequence[DeadLetter]) -> set[int]:
         """The offsets of ``letters`` the dead-letter table holds."""
         if not letters:
             return set()
@@ -248,8 +255,8 @@ class Committer:
 
     def _report_dead_letters(self, letters: Sequence[DeadLetter]) -> None:
         stages = Counter(letter.stage for letter in letters)
-        for stage, count in stages.items():
-            self._metrics.dead_lettered(self._topic, stage, count)
+        for (topic, stage), count in Counter((letter.topic, letter.stage) for letter in letters).items():
+            self._metrics.dead_lettered(topic, stage, count)
         for letter in letters[:_LOGGED_DEAD_LETTERS]:
             logger.warning("dead letter %s stage=%s reason=%s", letter.where, letter.stage, letter.reason)
         if len(letters) > _LOGGED_DEAD_LETTERS:
@@ -259,6 +266,19 @@ class Committer:
                 self._dead_letters.uri,
                 dict(stages),
             )
+
+    def _metadata(self, ranges: Mapping[TopicPartition, OffsetRange]) -> dict[str, Any]:
+        """The commit's ``commitInfo.kafka2delta``: the app id, whether its txn ids name the topic
+        (``multi_topic``), and the offset range of each topic partition (``topics``; with one topic also
+        ``topic`` and ``offsets``, as releases before 0.2 wrote them)."""
+        topics: dict[str, dict[str, list[int]]] = {}
+        for tp, r in sorted(ranges.items()):
+            topics.setdefault(tp.topic, {})[str(tp.partition)] = [r.first, r.last]
+        metadata: dict[str, Any] = {"app_id": self._app_id, "multi_topic": self._multi_topic, "topics": topics}
+        if len(topics) == 1:
+            ((topic, offsets),) = topics.items()
+            metadata.update(topic=topic, offsets=offsets)
+        return metadata
 
 
 def _or_minus_one(version: int | None) -> int:

@@ -16,15 +16,15 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from kafka2delta.errors import FatalError, SchemaChanged
-from kafka2delta.records import DeadLetter, OffsetRange
-from kafka2delta.writer import DeltaWriter
+from kafka2delta.records import DeadLetter, OffsetRange, TopicPartition
+from kafka2delta.writer import DeltaWriter, LegacyTxnId
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +38,7 @@ DEAD_LETTER_SCHEMA = pa.schema(
         pa.field("key_base64", pa.string()),
         pa.field("payload_base64", pa.string()),
         pa.field("payload_json", pa.string()),
+        pa.field("table", pa.string()),
         pa.field("stage", pa.string(), nullable=False),
         pa.field("error", pa.string(), nullable=False),
         pa.field("ingested_at", pa.timestamp("us", tz="UTC"), nullable=False),
@@ -70,6 +71,7 @@ def dead_letter_rows(letters: Sequence[DeadLetter], app_id: str, ingested_at: dt
             "key_base64": [_b64(letter.key) for letter in letters],
             "payload_base64": [_b64(letter.payload) for letter in letters],
             "payload_json": [letter.payload_json for letter in letters],
+            "table": [letter.table for letter in letters],
             "stage": [letter.stage for letter in letters],
             "error": [letter.reason for letter in letters],
             "ingested_at": pa.array([ingested_at] * count, pa.timestamp("us", tz="UTC")),
@@ -80,42 +82,63 @@ def dead_letter_rows(letters: Sequence[DeadLetter], app_id: str, ingested_at: dt
 
 
 class DeadLetterTable:
-    """The dead-letter Delta table of one topic, with its own txns per Kafka partition."""
+    """The daemon's dead-letter Delta table, with its own txn per topic partition."""
 
-    def __init__(self, writer: DeltaWriter, app_id: str, topic: str) -> None:
+    def __init__(
+        self, writer: DeltaWriter, prefix: Callable[[str], str], app_ids: Callable[[str], Sequence[str]] | None = None
+    ) -> None:
+        """``app_ids``: every ``app_id`` a topic's dead letters carry (default: its prefix alone)."""
+        self._app_ids = app_ids or (lambda topic: (prefix(topic),))
         self._writer = writer
-        self._app_id = app_id
-        self._topic = topic
+        self._prefix = prefix
 
     @classmethod
     def open(
         cls,
         uri: str,
         storage_options: Mapping[str, str],
-        app_id: str,
-        topic: str,
+        prefix: Callable[[str], str],
         compression: str,
         checkpoint_interval: int,
+        legacy_txn_id: LegacyTxnId | None = None,
+        app_ids: Callable[[str], Sequence[str]] | None = None,
     ) -> DeadLetterTable:
-        """Open (or create) the table; its txn app ids are ``<app_id>-dlq-<partition>``."""
+        """Open (or create) the table. ``prefix`` gives each topic's app id (the ``app_id`` column, and the txn
+        app ids ``<prefix>-dlq-<partition>``; see :class:`kafka2delta.offsets.TxnIds`). A table made by an
+        earlier release gets the ``table`` column it lacks (nullable: its older rows read null there)."""
+
+        def txn_id(tp: TopicPartition) -> str:
+            return f"{prefix(tp.topic)}-dlq-{tp.partition}"
+
         writer = DeltaWriter.open(
-            uri, storage_options, f"{app_id}-dlq", compression, checkpoint_interval, DEAD_LETTER_SCHEMA, PARTITION_BY
+            uri,
+            storage_options,
+            txn_id,
+            compression,
+            checkpoint_interval,
+            DEAD_LETTER_SCHEMA,
+            PARTITION_BY,
+            legacy_txn_id,
         )
-        return cls(writer, app_id, topic)
+        missing = [f for f in DEAD_LETTER_SCHEMA if f.nullable and f.name not in writer.schema.names]
+        if missing:
+            writer.add_nullable_columns(missing)
+            logger.info("added columns %s to the dead-letter table %s", [f.name for f in missing], uri)
+        return cls(writer, prefix, app_ids)
 
     @property
     def uri(self) -> str:
         return self._writer.uri
 
-    def committed_offsets(self, partitions: Iterable[int]) -> dict[int, int | None]:
+    def committed_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int | None]:
         return self._writer.committed_offsets(partitions)
 
-    def recorded_offsets(self, partition: int, after: int | None, upto: int) -> set[int]:
-        """Offsets in (after, upto] of ``partition`` that are dead letters in the table."""
+    def recorded_offsets(self, tp: TopicPartition, after: int | None, upto: int) -> set[int]:
+        """Offsets in (after, upto] of ``tp`` that are dead letters in the table."""
         predicate = (
-            (pc.field("app_id") == self._app_id)
-            & (pc.field("topic") == self._topic)
-            & (pc.field("partition") == partition)
+            pc.field("app_id").isin(list(self._app_ids(tp.topic)))
+            & (pc.field("topic") == tp.topic)
+            & (pc.field("partition") == tp.partition)
             & (pc.field("offset") <= upto)
         )
         if after is not None:
@@ -125,22 +148,22 @@ class DeadLetterTable:
 
     def commit(
         self,
-        letters: Mapping[int, Sequence[DeadLetter]],
-        expected: Mapping[int, int | None],
-        versions: Mapping[int, int],
+        letters: Mapping[TopicPartition, Sequence[DeadLetter]],
+        expected: Mapping[TopicPartition, int | None],
+        versions: Mapping[TopicPartition, int],
         metadata: dict[str, Any],
     ) -> int:
-        """Record ``letters`` (by Kafka partition) and set the partitions' txns to ``versions`` in one commit.
+        """Record ``letters`` (by topic partition) and set the partitions' txns to ``versions`` in one commit.
 
         Raises CommitConflict, SchemaChanged (the table was altered) or RetryableError like the main table.
         """
         now = dt.datetime.now(dt.UTC)
         actions = []
-        for partition, batch in sorted(letters.items()):
+        for tp, batch in sorted(letters.items()):
             if batch:
                 offsets = OffsetRange(min(lt.offset for lt in batch), max(lt.offset for lt in batch))
-                rows = dead_letter_rows(batch, self._app_id, now)
-                actions += self._writer.write_files(self._topic, partition, offsets, rows)
+                rows = dead_letter_rows(batch, self._prefix(tp.topic), now)
+                actions += self._writer.write_files(tp, offsets, rows)
         try:
             return self._writer.commit(actions, expected, versions, metadata)
         except SchemaChanged as changed:

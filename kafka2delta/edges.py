@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import pyarrow as pa
 
 from kafka2delta.offsets import LogicalOffset
-from kafka2delta.records import ConsumedBatch, DeadLetter, OffsetRange
+from kafka2delta.records import ConsumedBatch, DeadLetter, OffsetRange, TopicPartition
 
 if TYPE_CHECKING:
     from deltalake.transaction import AddAction
@@ -25,21 +25,21 @@ if TYPE_CHECKING:
 class RebalanceListener(Protocol):
     """What the source calls back inside ``consume`` when the group's assignment changes."""
 
-    def assigned(self, partitions: list[int]) -> dict[int, int | LogicalOffset]:
+    def assigned(self, partitions: list[TopicPartition]) -> dict[TopicPartition, int | LogicalOffset]:
         """Partitions given to us; return where each starts."""
         ...
 
-    def revoked(self, partitions: list[int]) -> None:
+    def revoked(self, partitions: list[TopicPartition]) -> None:
         """Partitions taken from us in an orderly way: commit what is buffered for them now."""
         ...
 
-    def lost(self, partitions: list[int]) -> None:
+    def lost(self, partitions: list[TopicPartition]) -> None:
         """Partitions taken from us without notice: another owner may already commit them."""
         ...
 
 
 class Source(Protocol):
-    """One topic of a consumer group: messages in, positions set by the loop, lag for the gauges."""
+    """The subscribed topics of a consumer group: messages in, positions set by the loop, lag for the gauges."""
 
     def start(self, listener: RebalanceListener) -> None:
         """Join the group; the listener decides where each assigned partition starts."""
@@ -49,15 +49,15 @@ class Source(Protocol):
         """Up to ``max_messages`` messages, grouped by partition (rebalance callbacks run inside)."""
         ...
 
-    def seek(self, partition: int, start: int | LogicalOffset) -> None:
-        """Fetch ``partition`` from ``start`` next (a resync after a conflict or a schema change)."""
+    def seek(self, tp: TopicPartition, start: int | LogicalOffset) -> None:
+        """Fetch ``tp`` from ``start`` next (a resync after a conflict or a schema change)."""
         ...
 
-    def commit_group_offsets(self, next_offsets: Mapping[int, int]) -> None:
+    def commit_group_offsets(self, next_offsets: Mapping[TopicPartition, int]) -> None:
         """Record progress in the group for lag tools only; recovery never reads it."""
         ...
 
-    def watermarks(self, partition: int, cached: bool = False) -> tuple[int, int]:
+    def watermarks(self, tp: TopicPartition, cached: bool = False) -> tuple[int, int]:
         """(low, high) watermarks; ``cached`` answers from the last fetch without a broker round trip."""
         ...
 
@@ -80,11 +80,11 @@ class TableWriter(Protocol):
         """Read the newest table version and return its schema."""
         ...
 
-    def committed_offsets(self, partitions: Iterable[int]) -> dict[int, int | None]:
+    def committed_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int | None]:
         """The txn versions of ``partitions`` in the newest table version."""
         ...
 
-    def write_files(self, topic: str, partition: int, offsets: OffsetRange, rows: pa.Table) -> list[AddAction]:
+    def write_files(self, tp: TopicPartition, offsets: OffsetRange, rows: pa.Table) -> list[AddAction]:
         """Parquet files for the rows of one Kafka partition; RowsRejected names rows Parquet refuses."""
         ...
 
@@ -95,8 +95,8 @@ class TableWriter(Protocol):
     def commit(
         self,
         actions: Sequence[AddAction],
-        expected: Mapping[int, int | None],
-        versions: Mapping[int, int],
+        expected: Mapping[TopicPartition, int | None],
+        versions: Mapping[TopicPartition, int],
         metadata: dict[str, Any],
     ) -> int:
         """Commit ``actions`` with the txn ``versions``; CommitConflict, SchemaChanged or RetryableError."""
@@ -105,8 +105,8 @@ class TableWriter(Protocol):
     def commit_evolution(
         self,
         rows: pa.Table,
-        expected: Mapping[int, int | None],
-        versions: Mapping[int, int],
+        expected: Mapping[TopicPartition, int | None],
+        versions: Mapping[TopicPartition, int],
         metadata: dict[str, Any],
     ) -> int:
         """Commit ``rows`` whose schema adds columns, the new schema and the txns in one commit."""
@@ -119,17 +119,17 @@ class DeadLetterStore(Protocol):
     @property
     def uri(self) -> str: ...
 
-    def committed_offsets(self, partitions: Iterable[int]) -> dict[int, int | None]: ...
+    def committed_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int | None]: ...
 
-    def recorded_offsets(self, partition: int, after: int | None, upto: int) -> set[int]:
-        """Offsets in (after, upto] of ``partition`` that are dead letters in the table."""
+    def recorded_offsets(self, tp: TopicPartition, after: int | None, upto: int) -> set[int]:
+        """Offsets in (after, upto] of ``tp`` that are dead letters in the table."""
         ...
 
     def commit(
         self,
-        letters: Mapping[int, Sequence[DeadLetter]],
-        expected: Mapping[int, int | None],
-        versions: Mapping[int, int],
+        letters: Mapping[TopicPartition, Sequence[DeadLetter]],
+        expected: Mapping[TopicPartition, int | None],
+        versions: Mapping[TopicPartition, int],
         metadata: dict[str, Any],
     ) -> int: ...
 

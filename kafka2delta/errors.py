@@ -9,6 +9,7 @@
      ├── RetryableError       storage or broker hiccup; back off and retry, offsets stay put
      ├── CommitConflict       another writer moved a partition's txn version; resync from the log
      ├── SchemaChanged        someone else changed the table's schema; rebuild the stages and replay
+     ├── TableNotCreated      a table with no configured schema has no row yet to be created from; commit later
      └── FatalError           the daemon cannot go on; exit non-zero
 
 Third-party exceptions are caught only in the edge that calls the library, and re-raised as one of
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from kafka2delta.records import Stage
+from kafka2delta.records import Stage, TopicPartition
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -68,8 +69,8 @@ class RetryableError(Kafka2DeltaError):
 class CommitConflict(Kafka2DeltaError):
     """The table's txn version of some partitions is not the one this batch started from."""
 
-    def __init__(self, partitions: dict[int, int | None]) -> None:
-        moved = ", ".join(f"{p}->{v}" for p, v in sorted(partitions.items()))
+    def __init__(self, partitions: dict[TopicPartition, int | None]) -> None:
+        moved = ", ".join(f"{tp}->{v}" for tp, v in sorted(partitions.items()))
         super().__init__(f"txn versions moved under us for partitions {moved}")
         self.partitions = partitions
 
@@ -81,6 +82,14 @@ class SchemaChanged(Kafka2DeltaError):
         super().__init__(f"the schema of {uri} changed under us")
         self.schema = schema
         """The table's schema now."""
+
+
+class TableNotCreated(Kafka2DeltaError):
+    """A flush holds no row for a table that does not exist yet and has no configured schema: nothing is
+    committed to it (its dead letters are); the partitions' offsets are committed with their first rows."""
+
+    def __init__(self, uri: str) -> None:
+        super().__init__(f"{uri} does not exist yet and this flush holds no row to create it from")
 
 
 class FatalError(Kafka2DeltaError):

@@ -20,6 +20,7 @@ POINTS = frozenset(
     {
         "after_parquet_write",
         "after_dead_letter_commit",
+        "between_table_commits",
         "after_delta_commit",
         "before_kafka_commit",
         "after_kafka_commit",

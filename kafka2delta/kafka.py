@@ -24,14 +24,14 @@ from confluent_kafka import (
     KafkaException,
     Message,
     Producer,
-    TopicPartition,
 )
+from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from kafka2delta.config import KafkaConfig
 from kafka2delta.edges import RebalanceListener
 from kafka2delta.errors import FatalError, RetryableError
 from kafka2delta.offsets import LogicalOffset
-from kafka2delta.records import ConsumedBatch, DeadLetter, PartitionMessages
+from kafka2delta.records import ConsumedBatch, DeadLetter, PartitionMessages, TopicPartition
 
 logger = logging.getLogger(__name__)
 
@@ -48,13 +48,15 @@ _DEFAULT_SETTINGS = {
 
 
 class KafkaSource:
-    """The consumer of one topic in the group: the loop's :class:`kafka2delta.edges.Source`."""
+    """The group's consumer of the subscribed topics (a list, or a pattern): the loop's
+    :class:`kafka2delta.edges.Source`."""
 
     def __init__(self, config: KafkaConfig, *, partition_eof: bool = False, with_headers: bool = True) -> None:
         """``with_headers=False`` skips reading headers (only transforms use them)."""
         self._config = config
         self._with_headers = with_headers
-        self.topic = config.topic
+        self._subscription = config.subscription()
+        self._single_topic = bool(config.topic) or (len(config.topics) == 1 and not config.topic_pattern)
         settings: dict[str, Any] = {**_DEFAULT_SETTINGS, **config.settings}
         self._cooperative = "cooperative" in str(settings["partition.assignment.strategy"])
         settings.update(
@@ -74,7 +76,7 @@ class KafkaSource:
         self._settings = settings
         self._consumer: Consumer | None = None  # created in start(): no network in __init__
         # Where each partition was last assigned or sought: its position until a message is consumed.
-        self._starts: dict[int, int] = {}
+        self._starts: dict[TopicPartition, int] = {}
 
     @property
     def consumer(self) -> Consumer:
@@ -85,31 +87,34 @@ class KafkaSource:
     def start(self, listener: RebalanceListener) -> None:
         try:
             self._consumer = Consumer(self._settings)
-            metadata = self._consumer.list_topics(self.topic, timeout=30)
+            named = [] if self._config.topic_pattern else self._subscription
+            metadata = self._consumer.list_topics(timeout=30) if named else None
         except KafkaException as exc:
             raise RetryableError(f"cannot reach Kafka at {self._config.bootstrap_servers}: {exc}") from exc
-        topic = metadata.topics.get(self.topic)
-        if topic is None or topic.error is not None:
-            raise FatalError(
-                f"kafka.topic: topic {self.topic!r} does not exist ({topic.error if topic else 'no metadata'})"
-            )
+        for name in named:
+            topic = metadata.topics.get(name) if metadata is not None else None
+            if topic is None or topic.error is not None:
+                key = "kafka.topic" if self._config.topic else "kafka.topics"
+                raise FatalError(f"{key}: topic {name!r} does not exist ({topic.error if topic else 'no metadata'})")
 
-        def on_assign(consumer: Consumer, partitions: list[TopicPartition]) -> None:
-            starts = listener.assigned([tp.partition for tp in partitions])
-            positioned = [TopicPartition(self.topic, p, _to_kafka_offset(o)) for p, o in starts.items()]
-            self._starts.update((tp.partition, tp.offset) for tp in positioned)
+        def on_assign(consumer: Consumer, partitions: list[KafkaTopicPartition]) -> None:
+            starts = listener.assigned([TopicPartition(tp.topic, tp.partition) for tp in partitions])
+            positioned = [KafkaTopicPartition(tp.topic, tp.partition, _to_kafka_offset(o)) for tp, o in starts.items()]
+            self._starts.update((TopicPartition(tp.topic, tp.partition), tp.offset) for tp in positioned)
             if self._cooperative:
                 consumer.incremental_assign(positioned)
             else:
                 consumer.assign(positioned)
 
-        def on_revoke(consumer: Consumer, partitions: list[TopicPartition]) -> None:
-            listener.revoked([tp.partition for tp in partitions])
+        def on_revoke(consumer: Consumer, partitions: list[KafkaTopicPartition]) -> None:
+            listener.revoked([TopicPartition(tp.topic, tp.partition) for tp in partitions])
 
-        def on_lost(consumer: Consumer, partitions: list[TopicPartition]) -> None:
-            listener.lost([tp.partition for tp in partitions])
+        def on_lost(consumer: Consumer, partitions: list[KafkaTopicPartition]) -> None:
+            listener.lost([TopicPartition(tp.topic, tp.partition) for tp in partitions])
 
-        self._consumer.subscribe([self.topic], on_assign=on_assign, on_revoke=on_revoke, on_lost=on_lost)
+        # A pattern (``^…``) is matched by librdkafka against the cluster's topics at every metadata refresh
+        # (topic.metadata.refresh.interval.ms): new matching topics are assigned, deleted ones revoked.
+        self._consumer.subscribe(self._subscription, on_assign=on_assign, on_revoke=on_revoke, on_lost=on_lost)
 
     def consume(self, max_messages: int, timeout: float) -> ConsumedBatch:
         # Every Message (and every timestamp tuple) is a GC-tracked object: thousands per call set off
@@ -142,20 +147,28 @@ class KafkaSource:
         # Column by column with C-level map() calls: this is the per-message part of the hot path.
         # partition() and offset() are set on every message that is not an error.
         partitions = cast(list[int], list(map(Message.partition, messages)))
+        # One named topic: every message's topic is that one (no per-message call).
+        single = self._subscription[0] if self._single_topic else None
+        topics = cast(list[str], list(map(Message.topic, messages))) if single is None else None
         offsets = cast(list[int], list(map(Message.offset, messages)))
         payloads = list(map(Message.value, messages))
         keys = list(map(Message.key, messages))
         stamps = list(map(Message.timestamp, messages))
         headers = list(map(Message.headers, messages)) if self._with_headers else None
         start = 0
+        run_keys: list[int] | list[tuple[str, int]] = (
+            partitions if topics is None else list(zip(topics, partitions, strict=True))
+        )
+        runs = itertools.groupby(run_keys)
         # librdkafka hands out each partition's messages in runs: one slice per run, not per message.
-        for partition, run in itertools.groupby(partitions):
+        for key, run in runs:
             end = start + sum(1 for _ in run)
-            group = batch.partitions.get(partition)
+            tp = TopicPartition(*key) if isinstance(key, tuple) else TopicPartition(cast(str, single), cast(int, key))
+            group = batch.partitions.get(tp)
             if group is None:
-                group = batch.partitions[partition] = PartitionMessages(
-                    topic=self.topic,
-                    partition=partition,
+                group = batch.partitions[tp] = PartitionMessages(
+                    topic=tp.topic,
+                    partition=tp.partition,
                     offsets=[],
                     payloads=[],
                     timestamps_ms=[],
@@ -177,70 +190,72 @@ class KafkaSource:
         return batch
 
     def _consume_error(self, error: KafkaError, message: Message, batch: ConsumedBatch) -> None:
-        code, partition, offset = error.code(), message.partition(), message.offset()
-        if code == KafkaError._PARTITION_EOF and partition is not None and offset is not None:
-            batch.end_offsets[partition] = offset
-        elif code in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE) and partition is not None:
-            batch.out_of_range.append(partition)
+        code, topic, partition, offset = error.code(), message.topic(), message.partition(), message.offset()
+        tp = TopicPartition(topic, partition) if topic is not None and partition is not None else None
+        if code == KafkaError._PARTITION_EOF and tp is not None and offset is not None:
+            batch.end_offsets[tp] = offset
+        elif code in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE) and tp is not None:
+            batch.out_of_range.append(tp)
         elif error.fatal():
             raise FatalError(f"fatal Kafka error: {error.str()}")
         else:
-            logger.warning("Kafka error on %s[%s]@%s: %s", message.topic(), partition, offset, error.str())
+            logger.warning("Kafka error on %s[%s]@%s: %s", topic, partition, offset, error.str())
 
-    def seek(self, partition: int, start: int | LogicalOffset) -> None:
-        target = TopicPartition(self.topic, partition, _to_kafka_offset(start))
+    def seek(self, tp: TopicPartition, start: int | LogicalOffset) -> None:
+        target = KafkaTopicPartition(tp.topic, tp.partition, _to_kafka_offset(start))
         try:
             self.consumer.seek(target)
         except KafkaException as exc:
             # After an offset-out-of-range error (auto.offset.reset=error) librdkafka refuses to seek the
             # partition ("Erroneous state") and would never fetch it again: assign it afresh at the offset.
             if exc.args[0].code() == KafkaError._STATE and self._reassign(target):
-                logger.info(
-                    "%s[%d] re-assigned at %s (librdkafka refused the seek: %s)", self.topic, partition, start, exc
-                )
+                logger.info("%s re-assigned at %s (librdkafka refused the seek: %s)", tp, start, exc)
             else:
                 # Not assigned any more (a rebalance in between): the next owner starts from the log.
-                logger.info("seek of %s[%d] to %s skipped: %s", self.topic, partition, start, exc)
+                logger.info("seek of %s to %s skipped: %s", tp, start, exc)
                 return
-        self._starts[partition] = target.offset
+        self._starts[tp] = target.offset
 
-    def _reassign(self, target: TopicPartition) -> bool:
+    def _reassign(self, target: KafkaTopicPartition) -> bool:
         """Take ``target``'s partition out of the assignment and put it back at ``target.offset``."""
+        wanted = TopicPartition(target.topic, target.partition)
         try:
-            assigned = [tp.partition for tp in self.consumer.assignment()]
-            if target.partition not in assigned:
+            assigned = [TopicPartition(tp.topic, tp.partition) for tp in self.consumer.assignment()]
+            if wanted not in assigned:
                 return False
             if self._cooperative:
-                self.consumer.incremental_unassign([TopicPartition(self.topic, target.partition)])
+                self.consumer.incremental_unassign([KafkaTopicPartition(target.topic, target.partition)])
                 self.consumer.incremental_assign([target])
                 return True
             # Eager: assign() replaces the whole assignment; the others keep their positions (where they
             # were assigned or sought while nothing was consumed since: never the group's offsets).
-            others = self.consumer.position([TopicPartition(self.topic, p) for p in assigned if p != target.partition])
-            for tp in others:
-                if tp.offset < 0:
-                    tp.offset = self._starts.get(tp.partition, tp.offset)
+            others = self.consumer.position([KafkaTopicPartition(*tp) for tp in assigned if tp != wanted])
+            for kafka_tp in others:
+                if kafka_tp.offset < 0:
+                    kafka_tp.offset = self._starts.get(
+                        TopicPartition(kafka_tp.topic, kafka_tp.partition), kafka_tp.offset
+                    )
             self.consumer.assign([*others, target])
             return True
         except KafkaException as exc:
-            logger.warning("re-assigning %s[%d] failed: %s", self.topic, target.partition, exc)
+            logger.warning("re-assigning %s failed: %s", wanted, exc)
             return False
 
-    def commit_group_offsets(self, next_offsets: Mapping[int, int]) -> None:
+    def commit_group_offsets(self, next_offsets: Mapping[TopicPartition, int]) -> None:
         """Record progress in Kafka for lag tools only; recovery never reads it."""
-        offsets = [TopicPartition(self.topic, p, o) for p, o in next_offsets.items()]
+        offsets = [KafkaTopicPartition(tp.topic, tp.partition, o) for tp, o in next_offsets.items()]
         try:
             self.consumer.commit(offsets=offsets, asynchronous=True)
         except KafkaException as exc:
             logger.info("group offset commit skipped: %s", exc)
 
-    def watermarks(self, partition: int, cached: bool = False) -> tuple[int, int]:
+    def watermarks(self, tp: TopicPartition, cached: bool = False) -> tuple[int, int]:
         try:
             low, high = self.consumer.get_watermark_offsets(
-                TopicPartition(self.topic, partition), timeout=10, cached=cached
+                KafkaTopicPartition(tp.topic, tp.partition), timeout=10, cached=cached
             )
         except KafkaException as exc:
-            raise RetryableError(f"watermarks of {self.topic}[{partition}]: {exc}") from exc
+            raise RetryableError(f"watermarks of {tp}: {exc}") from exc
         return int(low), int(high)
 
     def close(self) -> None:
@@ -256,7 +271,7 @@ class KafkaSource:
             logger.warning("Kafka client error (librdkafka retries): %s", error.str())
 
     @staticmethod
-    def _on_commit(error: KafkaError | None, partitions: list[TopicPartition]) -> None:
+    def _on_commit(error: KafkaError | None, partitions: list[KafkaTopicPartition]) -> None:
         if error is not None:
             logger.info("group offset commit failed (lag tools only, recovery unaffected): %s", error.str())
 
@@ -320,7 +335,15 @@ def _to_kafka_offset(offset: int | LogicalOffset) -> int:
 
 def _probe_consumer(bootstrap_servers: str, settings: Mapping[str, str]) -> Consumer:
     # A consumer that never subscribes: it reads metadata and watermarks without joining a group.
-    return Consumer({**settings, "bootstrap.servers": bootstrap_servers, "group.id": "kafka2delta-probe"})
+    # librdkafka's own log lines go through Python logging (JSON lines, secrets masked), never raw to stderr.
+    return Consumer(
+        {
+            **settings,
+            "bootstrap.servers": bootstrap_servers,
+            "group.id": "kafka2delta-probe",
+            "logger": logging.getLogger("kafka2delta.librdkafka"),
+        }
+    )
 
 
 def topic_partitions(bootstrap_servers: str, topic: str, settings: Mapping[str, str]) -> list[int]:
@@ -337,12 +360,28 @@ def topic_partitions(bootstrap_servers: str, topic: str, settings: Mapping[str, 
         consumer.close()
 
 
+def subscribed_topics(bootstrap_servers: str, config: KafkaConfig, settings: Mapping[str, str]) -> list[str]:
+    """The topics the subscription names, or those of the cluster its pattern matches now."""
+    if not config.topic_pattern:
+        return config.subscription()
+    consumer = _probe_consumer(bootstrap_servers, settings)
+    try:
+        topics = consumer.list_topics(timeout=30).topics
+    except KafkaException as exc:
+        raise RetryableError(f"cannot reach Kafka at {bootstrap_servers}: {exc}") from exc
+    finally:
+        consumer.close()
+    return sorted(name for name in topics if config.subscribes(name))
+
+
 def high_watermarks(
     bootstrap_servers: str, topic: str, partitions: list[int], settings: Mapping[str, str]
 ) -> dict[int, int]:
     consumer = _probe_consumer(bootstrap_servers, settings)
     try:
-        return {p: int(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]) for p in partitions}
+        return {
+            p: int(consumer.get_watermark_offsets(KafkaTopicPartition(topic, p), timeout=10)[1]) for p in partitions
+        }
     except KafkaException as exc:
         raise RetryableError(f"watermarks of {topic}: {exc}") from exc
     finally:

@@ -24,6 +24,7 @@ from prometheus_client.metrics_core import HistogramMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
 from kafka2delta import __version__
+from kafka2delta.records import TopicPartition
 
 _PREFIX = "kafka2delta"
 _go_float: Callable[[float], str] = floatToGoString  # the `le` label as prometheus_client writes it
@@ -141,23 +142,25 @@ class BulkHistogram:
 
 @dataclass(frozen=True)
 class CommitStats:
-    """One successful flush, as the metrics see it."""
+    """One successful commit to a table, as the metrics see it."""
 
+    table: str
+    """The table's name (the ``table`` label)."""
     reason: str
     """Why it was flushed: ``latency``, ``records``, ``bytes``, ``buffer_bytes``, ``revoke``, ``shutdown``,
     ``caught_up``."""
     version: int
     """The table version it made."""
-    rows: Mapping[int, int]
-    """Rows committed per Kafka partition."""
+    rows: Mapping[TopicPartition, int]
+    """Rows committed per topic partition."""
     file_sizes: Sequence[int]
     """Bytes of each Parquet file it added."""
     flush_seconds: float
     """From taking the buffers to the end of the commit: files, dead letters, Delta commit, retries."""
     commit_seconds: float
     """The Delta commit alone (the last, successful attempt)."""
-    row_timestamps_ms: Sequence[pa.Array] = field(default_factory=list)
-    """The Kafka timestamp (epoch ms) of every committed row, in any number of int64 arrays."""
+    row_timestamps_ms: Mapping[str, Sequence[pa.Array]] = field(default_factory=dict)
+    """By topic: the Kafka timestamp (epoch ms) of every committed row, in any number of int64 arrays."""
 
 
 class Metrics:
@@ -201,24 +204,25 @@ class Metrics:
             ("topic", "stage"),
             registry=r,
         )
-        self._rows = Counter(f"{_PREFIX}_rows_written", "Rows committed to the table.", tp, registry=r)
-        self._bytes = Counter(
-            f"{_PREFIX}_bytes_written", "Parquet bytes committed to the table.", ("topic",), registry=r
+        # What happens to a table is labelled by the table (its route's name, or its URI): one commit may hold
+        # several topics. The label's values are the configured tables, never message values.
+        table = ("table",)
+        self._rows = Counter(
+            f"{_PREFIX}_rows_written", "Rows committed to a table.", ("topic", "partition", "table"), registry=r
         )
-        self._files = Counter(
-            f"{_PREFIX}_files_written", "Parquet files committed to the table.", ("topic",), registry=r
-        )
-        self._commits = Counter(f"{_PREFIX}_commits", "Delta commits made.", ("topic", "reason"), registry=r)
+        self._bytes = Counter(f"{_PREFIX}_bytes_written", "Parquet bytes committed to a table.", table, registry=r)
+        self._files = Counter(f"{_PREFIX}_files_written", "Parquet files committed to a table.", table, registry=r)
+        self._commits = Counter(f"{_PREFIX}_commits", "Delta commits made.", ("table", "reason"), registry=r)
         self._conflicts = Counter(
             f"{_PREFIX}_commit_conflicts",
             "Partitions whose txn version moved under a commit (data dropped, resynced).",
-            tp,
+            ("topic", "partition", "table"),
             registry=r,
         )
         self._commit_retries = Counter(
             f"{_PREFIX}_commit_retries",
             "Commit attempts that failed with a transient storage error and were retried.",
-            ("topic",),
+            table,
             registry=r,
         )
         self._retries = Counter(
@@ -238,7 +242,7 @@ class Metrics:
         self._turns_refused = Counter(
             f"{_PREFIX}_coordinator_turns_refused",
             "Refused ingest turns of the job coordinator (coordinator.join_ingest): lock busy or another job's turn.",
-            ("topic", "reason"),
+            ("table", "reason"),
             registry=r,
         )
         self._unknown_fields = Counter(
@@ -249,44 +253,44 @@ class Metrics:
         )
         self._columns_added = Counter(
             f"{_PREFIX}_columns_added",
-            "Columns (or nested fields) added to the table by schema evolution (merge).",
-            ("topic",),
+            "Columns (or nested fields) added to a table by schema evolution (merge).",
+            table,
             registry=r,
         )
         self._schema_changes = Counter(
             f"{_PREFIX}_schema_changes",
             "Schema changes made by another writer, each followed by a replay of the pending messages.",
-            ("topic",),
+            table,
             registry=r,
         )
         self._flush_seconds = Histogram(
             f"{_PREFIX}_flush_duration_seconds",
-            "Time of one flush: Parquet files, dead-letter commit, Delta commit and any retries.",
-            ("topic",),
+            "Time of one table's flush: Parquet files, dead-letter commit, Delta commit and any retries.",
+            table,
             registry=r,
             buckets=DURATION_BUCKETS,
         )
         self._commit_seconds = Histogram(
             f"{_PREFIX}_commit_duration_seconds",
             "Time of the Delta commit of one flush (the log write, files already written).",
-            ("topic",),
+            table,
             registry=r,
             buckets=DURATION_BUCKETS,
         )
         self._rows_per_commit = Histogram(
-            f"{_PREFIX}_rows_per_commit", "Rows in one Delta commit.", ("topic",), registry=r, buckets=ROWS_BUCKETS
+            f"{_PREFIX}_rows_per_commit", "Rows in one Delta commit.", table, registry=r, buckets=ROWS_BUCKETS
         )
         self._file_size = Histogram(
             f"{_PREFIX}_file_size_bytes",
             "Size of each Parquet file committed.",
-            ("topic",),
+            table,
             registry=r,
             buckets=FILE_SIZE_BUCKETS,
         )
         self._latency = BulkHistogram(
             f"{_PREFIX}_end_to_end_latency_seconds",
             "Per committed row: commit time minus the row's Kafka timestamp (a producer clock ahead counts as 0).",
-            ("topic",),
+            ("topic", "table"),
             LATENCY_BUCKETS,
             registry=r,
         )
@@ -309,11 +313,12 @@ class Metrics:
         )
         since.set_function(self.seconds_since_last_commit)
         self._version = Gauge(
-            f"{_PREFIX}_last_committed_version", "Delta table version of the last commit.", registry=r
+            f"{_PREFIX}_last_committed_version", "Delta table version of the last commit.", table, registry=r
         )
         self._last_commit_time = Gauge(
             f"{_PREFIX}_last_commit_timestamp_seconds",
-            "Unix time of the last successful Delta commit.",
+            "Unix time of the last successful Delta commit to a table.",
+            table,
             registry=r,
         )
         build = Gauge(f"{_PREFIX}_build_info", "Always 1; the label says which version runs.", ("version",), registry=r)
@@ -350,28 +355,30 @@ class Metrics:
     def dead_lettered(self, topic: str, stage: str, count: int = 1) -> None:
         self._dead.labels(topic, stage).inc(count)
 
-    def committed(self, topic: str, commit: CommitStats) -> None:
+    def committed(self, commit: CommitStats) -> None:
         now = self._clock()
         wall = self._wall_clock()
-        self._commits.labels(topic, commit.reason).inc()
+        table = commit.table
+        self._commits.labels(table, commit.reason).inc()
         total = 0
-        for partition, rows in commit.rows.items():
-            self._rows.labels(topic, str(partition)).inc(rows)
+        for tp, rows in commit.rows.items():
+            self._rows.labels(tp.topic, str(tp.partition), table).inc(rows)
             total += rows
-        self._files.labels(topic).inc(len(commit.file_sizes))
-        self._bytes.labels(topic).inc(sum(commit.file_sizes))
-        file_size = self._file_size.labels(topic)
+        self._files.labels(table).inc(len(commit.file_sizes))
+        self._bytes.labels(table).inc(sum(commit.file_sizes))
+        file_size = self._file_size.labels(table)
         for size in commit.file_sizes:
             file_size.observe(size)
-        self._rows_per_commit.labels(topic).observe(total)
-        self._flush_seconds.labels(topic).observe(commit.flush_seconds)
-        self._commit_seconds.labels(topic).observe(commit.commit_seconds)
-        self._observe_latency(topic, commit.row_timestamps_ms, wall)
-        self._version.set(commit.version)
-        self._last_commit_time.set(wall)
+        self._rows_per_commit.labels(table).observe(total)
+        self._flush_seconds.labels(table).observe(commit.flush_seconds)
+        self._commit_seconds.labels(table).observe(commit.commit_seconds)
+        for topic, stamps in commit.row_timestamps_ms.items():
+            self._observe_latency(topic, table, stamps, wall)
+        self._version.labels(table).set(commit.version)
+        self._last_commit_time.labels(table).set(wall)
         self._last_commit = now
 
-    def _observe_latency(self, topic: str, timestamps_ms: Sequence[pa.Array], wall: float) -> None:
+    def _observe_latency(self, topic: str, table: str, timestamps_ms: Sequence[pa.Array], wall: float) -> None:
         arrays = [a for a in timestamps_ms if len(a)]
         if not arrays:
             return
@@ -380,19 +387,19 @@ class Metrics:
         if not len(stamps):
             return
         seconds = pc.divide(pc.subtract(pa.scalar(wall * 1000.0), stamps.cast(pa.float64())), 1000.0)
-        self._latency.observe_many((topic,), pc.max_element_wise(seconds, 0.0))
+        self._latency.observe_many((topic, table), pc.max_element_wise(seconds, 0.0))
 
-    def commit_retry(self, topic: str) -> None:
-        self._commit_retries.labels(topic).inc()
+    def commit_retry(self, table: str) -> None:
+        self._commit_retries.labels(table).inc()
 
-    def columns_added(self, topic: str, count: int) -> None:
-        self._columns_added.labels(topic).inc(count)
+    def columns_added(self, table: str, count: int) -> None:
+        self._columns_added.labels(table).inc(count)
 
-    def schema_change(self, topic: str) -> None:
-        self._schema_changes.labels(topic).inc()
+    def schema_change(self, table: str) -> None:
+        self._schema_changes.labels(table).inc()
 
-    def commit_conflict(self, topic: str, partition: int) -> None:
-        self._conflicts.labels(topic, str(partition)).inc()
+    def commit_conflict(self, tp: TopicPartition, table: str) -> None:
+        self._conflicts.labels(tp.topic, str(tp.partition), table).inc()
 
     def storage_retry(self) -> None:
         self._retries.inc()
@@ -409,9 +416,9 @@ class Metrics:
     def offset_out_of_range(self, topic: str, partition: int) -> None:
         self._out_of_range.labels(topic, str(partition)).inc()
 
-    def coordinator_skip(self, topic: str, reason: str) -> None:
+    def coordinator_skip(self, table: str, reason: str) -> None:
         """A refused ``ingest`` turn; reason ``lock_busy`` or ``order``."""
-        self._turns_refused.labels(topic, reason).inc()
+        self._turns_refused.labels(table, reason).inc()
 
     def assigned(self, partitions: int) -> None:
         self._assigned.set(partitions)
@@ -419,8 +426,8 @@ class Metrics:
     def lag(self, topic: str, partition: int, messages: int) -> None:
         self._lag.labels(topic, str(partition)).set(messages)
 
-    def unassigned(self, topic: str, partitions: Iterable[int]) -> None:
+    def unassigned(self, partitions: Iterable[TopicPartition]) -> None:
         """Partitions no longer ours: their lag is another daemon's to report."""
-        for partition in partitions:
+        for tp in partitions:
             with contextlib.suppress(KeyError):
-                self._lag.remove(topic, str(partition))
+                self._lag.remove(tp.topic, str(tp.partition))

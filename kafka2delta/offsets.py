@@ -1,20 +1,60 @@
 """Offset bookkeeping, pure: txn app ids, where a partition starts, and what a failed commit means.
 
-The table's ``txn`` action ``<app_id>-<partition>`` holds the last offset whose outcome is final
-(a row, a dead letter or a counted skip). Nothing else is trusted for recovery; Kafka group offsets
-are written after each commit for lag tools only.
+A table's ``txn`` action for a topic partition (see :class:`TxnIds`) holds the last offset whose
+outcome is final (a row, a dead letter or a counted skip). Nothing else is trusted for recovery; Kafka
+group offsets are written after each commit for lag tools only.
 """
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from enum import Enum
+from typing import TypeVar
 
 from kafka2delta.errors import FatalError
+from kafka2delta.records import TopicPartition
+
+K = TypeVar("K", bound=Hashable)
 
 
-def txn_app_id(app_id: str, partition: int) -> str:
-    return f"{app_id}-{partition}"
+@dataclass(frozen=True)
+class TxnIds:
+    """How one table names the txn app id of each topic partition that writes it: ``<prefix>-<partition>``
+    in the table, ``<prefix>-dlq-<partition>`` in the dead-letter table.
+
+    The prefix is the topic itself when ``app_id`` is empty (whether one topic writes the table or
+    several), ``app_id`` when only one topic can write the table, and ``<app_id>-<topic>`` when several
+    can. Tables written by one topic therefore keep the ids they always had (``<app_id>-<partition>``,
+    ``app_id`` defaulting to the topic), and a table that more topics may write never mixes two topics'
+    offsets under one id.
+    """
+
+    app_id: str = ""
+    multi_topic: bool = False
+
+    def prefix(self, topic: str) -> str:
+        if not self.app_id:
+            return topic
+        return f"{self.app_id}-{topic}" if self.multi_topic else self.app_id
+
+    def main(self, tp: TopicPartition) -> str:
+        return f"{self.prefix(tp.topic)}-{tp.partition}"
+
+    def dead_letters(self, tp: TopicPartition) -> str:
+        return f"{self.prefix(tp.topic)}-dlq-{tp.partition}"
+
+    def app_ids(self, topic: str) -> tuple[str, ...]:
+        """The ``app_id`` values ``topic``'s dead letters may carry: today's prefix, and the app id they had
+        before several topics could write the table (rows written then keep it)."""
+        return (self.prefix(topic), self.app_id) if self.app_id and self.multi_topic else (self.prefix(topic),)
+
+    def legacy_main(self, tp: TopicPartition) -> str | None:
+        """The id a table had before several topics could write it (only differs with an explicit app_id)."""
+        return f"{self.app_id}-{tp.partition}" if self.app_id and self.multi_topic else None
+
+    def legacy_dead_letters(self, tp: TopicPartition) -> str | None:
+        return f"{self.app_id}-dlq-{tp.partition}" if self.app_id and self.multi_topic else None
 
 
 class LogicalOffset(Enum):
@@ -73,10 +113,10 @@ class CommitOutcome(Enum):
 
 
 def classify_commit(
-    expected: dict[int, int | None],
-    ours: dict[int, int],
-    in_log: dict[int, int | None],
-) -> dict[int, CommitOutcome]:
+    expected: Mapping[K, int | None],
+    ours: Mapping[K, int],
+    in_log: Mapping[K, int | None],
+) -> dict[K, CommitOutcome]:
     """After an ambiguous or failed commit, say per partition what the log shows happened."""
     outcome = {}
     for partition, version in in_log.items():

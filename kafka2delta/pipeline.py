@@ -84,7 +84,11 @@ class Pipeline:
         transformer: Transformer | None = None,
         options: CoercionOptions | None = None,
         schema_evolution: Literal["none", "merge"] = "none",
+        *,
+        table: str | None = None,
     ) -> None:
+        """``table`` names the table the rows go to in the dead letters (their ``table`` column)."""
+        self._table = table
         self._deserializer = deserializer
         self._transformer = transformer if transformer is not None and transformer.active else None
         self._options = options or CoercionOptions()
@@ -135,7 +139,7 @@ class Pipeline:
     # --- one pass ---------------------------------------------------------------------------
 
     def _run(self, messages: PartitionMessages, may_reread: bool) -> _Outcome:
-        outcome = _Outcome(messages)
+        outcome = _Outcome(messages, self._table)
         non_empty = [i for i, payload in enumerate(messages.payloads) if payload]
         outcome.skipped_empty = len(messages) - len(non_empty)
         decoded = self._deserializer.decode(messages, non_empty)
@@ -299,8 +303,9 @@ def _used_fields(before: pa.Schema, after: pa.Schema, rows: pa.Table) -> pa.Sche
 class _Outcome:
     """The results of one pass over a batch, by input position."""
 
-    def __init__(self, messages: PartitionMessages) -> None:
+    def __init__(self, messages: PartitionMessages, table: str | None) -> None:
         self._messages = messages
+        self._table = table
         self._tables: list[pa.Table] = []
         self._positions: list[int] = []
         self.dead_letters: list[DeadLetter] = []
@@ -325,6 +330,7 @@ class _Outcome:
                 key=messages.key(position),
                 timestamp_ms=messages.timestamps_ms[position],
                 payload_json=payload_json(payload, document),
+                table=self._table,
             )
         )
 
@@ -358,6 +364,7 @@ class _Outcome:
         positions = [self._positions[i] for i in order]
         self.dead_letters.sort(key=lambda letter: letter.offset)
         return ProcessedPartition(
+            topic=messages.topic,
             partition=messages.partition,
             rows=rows,
             row_offsets=[messages.offsets[p] for p in positions],

@@ -10,8 +10,11 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
+import pyarrow as pa
+
 from kafka2delta.assignment import PartitionState
 from kafka2delta.metrics import CommitStats, Metrics
+from kafka2delta.records import TopicPartition
 from kafka2delta.status import CommitRecord, StatusBoard
 from kafka2delta.value_buffers import PartitionBuffer, ValueBuffers
 
@@ -25,7 +28,6 @@ class Progress:
     def __init__(
         self,
         *,
-        topic: str,
         metrics: Metrics,
         board: StatusBoard,
         clock: Callable[[], float],
@@ -33,7 +35,6 @@ class Progress:
         interval_s: float,
         max_messages_per_file: int,
     ) -> None:
-        self._topic = topic
         self._metrics = metrics
         self._board = board
         self._clock = clock
@@ -58,20 +59,23 @@ class Progress:
     def committed(
         self,
         *,
+        table: str,
         reason: str,
         version: int,
-        taken: Mapping[int, PartitionBuffer],
+        taken: Mapping[TopicPartition, PartitionBuffer],
         files: Sequence[AddAction],
         flush_seconds: float,
         commit_seconds: float,
-        buffers: ValueBuffers,
     ) -> None:
-        """A flush committed ``taken`` in table ``version``: metrics, status board, counters, log line."""
-        rows = {p: b.rows for p, b in taken.items()}
-        stamps = [stamp for b in taken.values() for stamp in b.row_timestamps_ms]
+        """A flush committed ``taken`` in version ``version`` of ``table``: metrics, status board, counters,
+        log line."""
+        rows = {tp: b.rows for tp, b in taken.items()}
+        stamps: dict[str, list[pa.Array]] = {}
+        for tp, buffer in taken.items():
+            stamps.setdefault(tp.topic, []).extend(buffer.row_timestamps_ms)
         self._metrics.committed(
-            self._topic,
             CommitStats(
+                table=table,
                 reason=reason,
                 version=version,
                 rows=rows,
@@ -81,17 +85,17 @@ class Progress:
                 row_timestamps_ms=stamps,
             ),
         )
-        self._metrics.buffered(buffers.buffered_messages, buffers.buffered_bytes)
         letters = sum(len(b.dead_letters) for b in taken.values())
         filtered = sum(b.filtered for b in taken.values())
         record = CommitRecord(
             version=version,
             time=self._wall_clock(),
             reason=reason,
-            offsets={p: (b.first_offset, b.last_offset) for p, b in taken.items()},
+            offsets={tp: (b.first_offset, b.last_offset) for tp, b in taken.items()},
             rows=sum(rows.values()),
             dead_letters=letters,
             seconds=flush_seconds,
+            table=table,
         )
         self._board.committed(record, Counter(letter.stage for b in taken.values() for letter in b.dead_letters))
         self.commits += 1
@@ -100,41 +104,50 @@ class Progress:
         self.filtered += filtered
         self.unknown_fields += sum(b.unknown_fields for b in taken.values())
         logger.info(
-            "committed version %d (%s): %s, %d rows, %d dead letters, %d filtered in %.3f s",
+            "committed version %d of %s (%s): %s, %d rows, %d dead letters, %d filtered in %.3f s",
             version,
+            table,
             reason,
-            ", ".join(f"{self._topic}[{p}]@{b.first_offset}..{b.last_offset}" for p, b in taken.items()),
+            ", ".join(f"{tp}@{b.first_offset}..{b.last_offset}" for tp, b in taken.items()),
             sum(rows.values()),
             letters,
             filtered,
             flush_seconds,
         )
 
-    def publish_partitions(self, partitions: Mapping[int, PartitionState], buffers: ValueBuffers) -> dict[int, int]:
-        """Set the lag gauges and the status page's partitions from ``partitions``; return the lags.
-        Called after commits, rebalances and with each progress line."""
-        lags: dict[int, int] = {}
-        for partition, state in sorted(partitions.items()):
-            lags[partition] = state.lag()
-            self._metrics.lag(self._topic, partition, lags[partition])
+    def publish_partitions(
+        self,
+        partitions: Mapping[TopicPartition, PartitionState],
+        buffers: ValueBuffers,
+        tables: Mapping[TopicPartition, str],
+    ) -> dict[TopicPartition, int]:
+        """Set the lag gauges and the status page's partitions from ``partitions`` (``tables``: the table each
+        goes to); return the lags. Called after commits, rebalances and with each progress line."""
+        lags: dict[TopicPartition, int] = {}
+        for tp, state in sorted(partitions.items()):
+            lags[tp] = state.lag()
+            self._metrics.lag(tp.topic, tp.partition, lags[tp])
         full = self._max_messages_per_file
         self._board.partitions(
-            {p: state.committed for p, state in partitions.items()},
-            {p: state.high_watermark for p, state in partitions.items()},
-            {p: full - buffers.room(p) for p in partitions if p in buffers},
+            {tp: state.committed for tp, state in partitions.items()},
+            {tp: state.high_watermark for tp, state in partitions.items()},
+            {tp: full - buffers.room(tp) for tp in partitions if tp in buffers},
             buffers.buffered_bytes,
+            tables,
         )
         return lags
 
-    def line(self, lags: Mapping[int, int], table_version: int, buffered_messages: int) -> str:
+    def line(self, lags: Mapping[TopicPartition, int], buffered_messages: int) -> str:
         """The state of the run in one line (the periodic progress line and the last line at stop)."""
         elapsed = self._clock() - self._started
         rate = self.messages / elapsed if elapsed > 0 else 0.0
-        shown = ", ".join(f"{partition}:{lag}" for partition, lag in lags.items())
+        total_lag = sum(lags.values())
+        # Every partition's lag while few (one topic); beyond, the sum (the gauges have each one).
+        shown = ", ".join(f"{tp}:{lag}" for tp, lag in lags.items()) if len(lags) <= 16 else f"{total_lag} in all"
         return (
             f"{rate:.0f} msg/s, {self.messages} messages, {self.rows} rows in {self.commits} commits, "
             f"{self.dead_letters} dead letters, {self.filtered} filtered, "
-            f"{self.unknown_fields} unknown field values dropped, table version {table_version}, "
+            f"{self.unknown_fields} unknown field values dropped, "
             f"buffered {buffered_messages}, lag {{{shown}}}"
         )
 

@@ -14,18 +14,30 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any, Literal, TypeVar, get_args
+from typing import Any, Literal, NamedTuple, TypeVar, get_args
 
 import pyarrow as pa
 
 T = TypeVar("T")
 
-Stage = Literal["deserialize", "transform", "coerce", "write"]
-"""Where a message failed: decoding its bytes, a transform or the filter, fitting it to the table
-schema, or Parquet refusing its row. Dead letters, metrics and logs carry it."""
+Stage = Literal["deserialize", "transform", "route", "coerce", "write"]
+"""Where a message failed: decoding its bytes, a transform or the filter, choosing its table by
+``[routing] expression``, fitting it to the table schema, or Parquet refusing its row. Dead letters,
+metrics and logs carry it."""
 STAGES: tuple[Stage, ...] = get_args(Stage)
 
 Header = tuple[str, bytes | None]
+
+
+class TopicPartition(NamedTuple):
+    """One partition of one topic: what the loop keeps state, buffers and txns for."""
+
+    topic: str
+    partition: int
+
+    def __str__(self) -> str:
+        """``topic[partition]``, as every log line about the partition says it."""
+        return f"{self.topic}[{self.partition}]"
 
 
 @dataclass
@@ -48,6 +60,10 @@ class PartitionMessages:
 
     def __len__(self) -> int:
         return len(self.offsets)
+
+    @property
+    def topic_partition(self) -> TopicPartition:
+        return TopicPartition(self.topic, self.partition)
 
     def key(self, index: int) -> bytes | None:
         return self.keys[index] if self.keys is not None else None
@@ -85,11 +101,11 @@ class PartitionMessages:
 
 @dataclass
 class ConsumedBatch:
-    """One consume call: messages grouped by partition, plus end-of-partition and range events."""
+    """One consume call: messages grouped by topic partition, plus end-of-partition and range events."""
 
-    partitions: dict[int, PartitionMessages] = field(default_factory=dict)
-    end_offsets: dict[int, int] = field(default_factory=dict)
-    out_of_range: list[int] = field(default_factory=list)
+    partitions: dict[TopicPartition, PartitionMessages] = field(default_factory=dict)
+    end_offsets: dict[TopicPartition, int] = field(default_factory=dict)
+    out_of_range: list[TopicPartition] = field(default_factory=list)
     count: int = 0
 
 
@@ -107,6 +123,8 @@ class DeadLetter:
     timestamp_ms: int | None = None
     payload_json: str | None = None
     """The message as JSON text when it parsed: the JSON payload itself, or the decoded document."""
+    table: str | None = None
+    """The table the message was bound for, when known (the ``table`` column of the dead-letter table)."""
 
     @property
     def where(self) -> str:
@@ -139,6 +157,7 @@ def _json_default(value: Any) -> Any:
 class ProcessedPartition:
     """What became of every message of a :class:`PartitionMessages`."""
 
+    topic: str
     partition: int
     rows: pa.Table
     """Rows in the pipeline's schema at the end of the call, in offset order."""
@@ -156,6 +175,10 @@ class ProcessedPartition:
     """Columns (dotted paths) this batch added to the schema (``schema_evolution = "merge"``)."""
     row_timestamps_ms: pa.Array | None = None
     """The Kafka timestamp (epoch ms, int64) of each row, aligned with ``row_offsets`` (end-to-end latency)."""
+
+    @property
+    def topic_partition(self) -> TopicPartition:
+        return TopicPartition(self.topic, self.partition)
 
 
 @dataclass(frozen=True)

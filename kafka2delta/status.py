@@ -37,6 +37,7 @@ from prometheus_client.exposition import choose_encoder
 
 from kafka2delta import __version__
 from kafka2delta.errors import FatalError
+from kafka2delta.records import TopicPartition
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +68,9 @@ class PartitionStatus:
     """The table version of this daemon's last commit for the partition (since it started)."""
     last_commit_time: float | None = None
     """Unix time of that commit."""
+    topic: str = ""
+    table: str = ""
+    """The table the partition's messages go to (its name)."""
 
 
 @dataclass(frozen=True)
@@ -75,12 +79,29 @@ class CommitRecord:
     time: float
     """Unix time."""
     reason: str
-    offsets: Mapping[int, tuple[int, int]]
-    """Per partition: the first and last offset the commit covers (rows, dead letters and skips)."""
+    offsets: Mapping[TopicPartition, tuple[int, int]]
+    """Per topic partition: the first and last offset the commit covers (rows, dead letters and skips)."""
     rows: int
     dead_letters: int
     seconds: float
     """The flush's duration."""
+    table: str = ""
+    """The table's name (its route's name, or its URI)."""
+
+    def offsets_json(self) -> dict[str, Any]:
+        """``topics``: topic → partition → [first, last]; with one topic also ``offsets``: partition → [first, last]."""
+        topics: dict[str, dict[str, list[int]]] = {}
+        for tp, (first, last) in sorted(self.offsets.items()):
+            topics.setdefault(tp.topic, {})[str(tp.partition)] = [first, last]
+        return {"topics": topics, **({"offsets": next(iter(topics.values()))} if len(topics) == 1 else {})}
+
+
+@dataclass(frozen=True)
+class TableStatus:
+    name: str
+    uri: str
+    version: int | None
+    """The table version of this daemon's last commit to it (or when it was opened)."""
 
 
 @dataclass(frozen=True)
@@ -113,6 +134,8 @@ class Status:
     """The error of the last table operation when it failed, None when it succeeded."""
     failure: str | None = None
     """Why the loop stopped, when it failed."""
+    tables: tuple[TableStatus, ...] = ()
+    """Every table this daemon writes (opened so far)."""
 
     def liveness(self) -> tuple[bool, str]:
         if self.state == "failed":
@@ -137,9 +160,10 @@ class Status:
         data = dataclasses.asdict(self)
         data["partitions"] = [dataclasses.asdict(p) for p in self.partitions]
         data["commits"] = [
-            {**dataclasses.asdict(c), "offsets": {str(p): list(r) for p, r in sorted(c.offsets.items())}}
+            {**{k: v for k, v in dataclasses.asdict(c).items() if k != "offsets"}, **c.offsets_json()}
             for c in self.commits
         ]
+        data["tables"] = [dataclasses.asdict(t) for t in self.tables]
         data["dead_letters_by_stage"] = dict(self.dead_letters_by_stage)
         live, live_reason = self.liveness()
         ready, ready_reason = self.readiness()
@@ -150,6 +174,7 @@ class Status:
 
 @dataclass
 class _Partition:
+    table: str = ""
     committed_offset: int | None = None
     high_watermark: int | None = None
     lag: int | None = None
@@ -178,7 +203,8 @@ class StatusBoard:
     _failure: str | None = None
     _table_version: int | None = None
     _table_error: str | None = None
-    _partitions: dict[int, _Partition] = field(default_factory=dict)
+    _partitions: dict[TopicPartition, _Partition] = field(default_factory=dict)
+    _tables: dict[str, TableStatus] = field(default_factory=dict)
     _commits: deque[CommitRecord] = field(default_factory=lambda: deque(maxlen=RECENT_COMMITS))
     _dead_letters: dict[str, int] = field(default_factory=dict)
     _buffered_messages: int = 0
@@ -205,24 +231,30 @@ class StatusBoard:
         with self._lock:
             self._table_error = error
 
+    def table_opened(self, name: str, uri: str, version: int | None) -> None:
+        with self._lock:
+            self._tables[name] = TableStatus(name, _without_password(uri), version)
+
     def partitions(
         self,
-        committed: Mapping[int, int | None],
-        highs: Mapping[int, int],
-        buffered: Mapping[int, int],
+        committed: Mapping[TopicPartition, int | None],
+        highs: Mapping[TopicPartition, int],
+        buffered: Mapping[TopicPartition, int],
         buffered_bytes: int,
+        tables: Mapping[TopicPartition, str] | None = None,
     ) -> None:
-        """The assigned partitions now: their committed offsets, known high watermarks and buffers."""
+        """The assigned partitions now: their committed offsets, known high watermarks, buffers and tables."""
         with self._lock:
             for gone in set(self._partitions) - set(committed):
                 del self._partitions[gone]
-            for partition, offset in committed.items():
-                entry = self._partitions.setdefault(partition, _Partition())
+            for tp, offset in committed.items():
+                entry = self._partitions.setdefault(tp, _Partition())
                 entry.committed_offset = offset
-                high = highs.get(partition)
+                high = highs.get(tp)
                 entry.high_watermark = high
                 entry.lag = None if high is None else max(0, high - (offset + 1 if offset is not None else 0))
-                entry.buffered_messages = buffered.get(partition, 0)
+                entry.buffered_messages = buffered.get(tp, 0)
+                entry.table = (tables or {}).get(tp, "")
             self._buffered_messages = sum(buffered.values())
             self._buffered_bytes = buffered_bytes
 
@@ -231,6 +263,9 @@ class StatusBoard:
             self._commits.appendleft(record)
             self._table_version = record.version
             self._table_error = None
+            known = self._tables.get(record.table)
+            if known is not None:
+                self._tables[record.table] = dataclasses.replace(known, version=record.version)
             for partition in record.offsets:
                 entry = self._partitions.get(partition)
                 if entry is not None:
@@ -242,9 +277,9 @@ class StatusBoard:
         now = self.clock()
         with self._lock:
             partitions = tuple(
-                PartitionStatus(p, e.committed_offset, e.high_watermark, e.lag, e.buffered_messages,
-                                e.last_commit_version, e.last_commit_time)
-                for p, e in sorted(self._partitions.items())
+                PartitionStatus(tp.partition, e.committed_offset, e.high_watermark, e.lag, e.buffered_messages,
+                                e.last_commit_version, e.last_commit_time, tp.topic, e.table)
+                for tp, e in sorted(self._partitions.items())
             )  # fmt: skip
             return Status(
                 topic=self.topic,
@@ -266,6 +301,7 @@ class StatusBoard:
                 liveness_window_s=self.liveness_window_s,
                 table_error=self._table_error,
                 failure=self._failure,
+                tables=tuple(self._tables[name] for name in sorted(self._tables)),
             )
 
 
@@ -332,6 +368,9 @@ td.text,th.text{text-align:left}
 table.dead-letters{min-width:240px}
 table.commits th:nth-child(4){text-align:left}
 table.commits td:nth-child(4){text-align:left;font-family:ui-monospace,Menlo,monospace}
+table.by-table th:nth-child(4),table.by-table td:nth-child(4){text-align:right;font-family:inherit}
+table.by-table th:nth-child(5){text-align:left}
+table.by-table td:nth-child(5){text-align:left;font-family:ui-monospace,Menlo,monospace}
 """
 
 
@@ -347,9 +386,11 @@ def render_page(status: Status) -> str:
         f"{'ready' if ready else 'not ready'}</span>"
         f'<span class="ok" id="state">{esc(status.state)}</span>'
     )
+    tables = ", ".join(f"{t.name} (v{_number(t.version)})" for t in status.tables)
     overview = [
         ("topic", status.topic),
         ("table", status.table_uri),
+        *([("tables", tables)] if len(status.tables) > 1 else []),
         ("dead-letter table", status.dead_letter_table_uri),
         ("table version", _number(status.table_version)),
         ("app id / group", f"{status.app_id} / {status.group_id}"),
@@ -361,12 +402,17 @@ def render_page(status: Status) -> str:
     ]
     overview_html = "".join(f"<dt>{esc(k)}</dt><dd>{esc(v)}</dd>" for k, v in overview)
 
+    # The topic and table columns only where they tell partitions (or commits) apart.
+    many_topics = len({p.topic for p in status.partitions}) > 1
+    many_tables = len(status.tables) > 1
     partition_rows = []
     for p in status.partitions:
         lag_css = ' class="lag-high"' if p.lag else ""
         partition_rows.append(
             [
+                *([esc(p.topic)] if many_topics else []),
                 str(p.partition),
+                *([esc(p.table)] if many_tables else []),
                 _number(p.committed_offset),
                 _number(p.high_watermark),
                 f"<span{lag_css}>{_number(p.lag)}</span>",
@@ -376,7 +422,17 @@ def render_page(status: Status) -> str:
             ]
         )
     partitions_html = _table(
-        ["partition", "committed offset", "high watermark", "lag", "buffered", "last commit version", "last commit"],
+        [
+            *(["topic"] if many_topics else []),
+            "partition",
+            *(["table"] if many_tables else []),
+            "committed offset",
+            "high watermark",
+            "lag",
+            "buffered",
+            "last commit version",
+            "last commit",
+        ],
         partition_rows,
         "no partition assigned",
         "partitions",
@@ -384,11 +440,10 @@ def render_page(status: Status) -> str:
 
     commit_rows = []
     for c in status.commits:
-        ranges = "<br>".join(
-            f"{esc(status.topic)}[{p}]@{first}..{last}" for p, (first, last) in sorted(c.offsets.items())
-        )
+        ranges = "<br>".join(f"{esc(str(tp))}@{first}..{last}" for tp, (first, last) in sorted(c.offsets.items()))
         commit_rows.append(
             [
+                *([esc(c.table)] if many_tables else []),
                 str(c.version),
                 esc(_when(c.time)),
                 esc(c.reason),
@@ -399,10 +454,10 @@ def render_page(status: Status) -> str:
             ]
         )
     commits_html = _table(
-        ["version", "time", "reason", "offsets", "rows", "dead letters", "flush"],
+        [*(["table"] if many_tables else []), "version", "time", "reason", "offsets", "rows", "dead letters", "flush"],
         commit_rows,
         "no commit yet",
-        "commits",
+        "commits" if not many_tables else "commits by-table",
     )
     dead_html = _table(
         ["stage", "dead letters"],

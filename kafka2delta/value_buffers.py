@@ -1,4 +1,4 @@
-"""Per-partition buffers of coerced rows, and the flush decision (pure; the clock is passed in).
+"""Buffers of coerced rows, one per partition and table, and the flush decision (pure; the clock is passed in).
 
 A buffer also tracks the offsets of messages that became dead letters or skips: they advance the
 partition's txn version in the next commit even when they add no row.
@@ -10,13 +10,15 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from kafka2delta.records import DeadLetter, ProcessedPartition
+from kafka2delta.records import DeadLetter, ProcessedPartition, TopicPartition
 from kafka2delta.schema import conform
 
 
 @dataclass
 class PartitionBuffer:
-    partition: int
+    tp: TopicPartition
+    table: str
+    """The URI of the table these rows go to."""
     first_offset: int
     last_offset: int
     first_arrival: float
@@ -63,16 +65,37 @@ class FlushLimits:
     max_buffered_bytes: int
 
 
+@dataclass(frozen=True)
+class Due:
+    """What must be committed now: ``tables`` (URIs), for ``reason`` (the first limit reached)."""
+
+    reason: str
+    tables: frozenset[str]
+
+
+Lane = tuple[TopicPartition, str]
+"""A buffer's key: a partition's messages bound for one table (its URI)."""
+
+
 class ValueBuffers:
+    """One buffer per lane. A partition has one lane per table its messages can go to; every lane of a
+    partition covers the same offsets (a piece adds its offsets to each), so each table's txn moves on
+    even when the piece held no row for it.
+
+    Flushing is per table: a table is due when one of its files is full (``max_messages_per_file``,
+    ``min_bytes_per_file``) or one of its partitions has waited ``allowed_latency_s``; when all buffers
+    together reach ``max_buffered_bytes``, the largest tables are due until half of it is left."""
+
     def __init__(self, limits: FlushLimits) -> None:
         self._limits = limits
-        self._buffers: dict[int, PartitionBuffer] = {}
+        self._buffers: dict[Lane, PartitionBuffer] = {}
 
-    def add(self, processed: ProcessedPartition, message_count: int, now: float) -> None:
-        buffer = self._buffers.get(processed.partition)
+    def add(self, processed: ProcessedPartition, message_count: int, now: float, table: str) -> None:
+        tp = processed.topic_partition
+        buffer = self._buffers.get((tp, table))
         if buffer is None:
-            buffer = PartitionBuffer(processed.partition, processed.first_offset, processed.last_offset, now)
-            self._buffers[processed.partition] = buffer
+            buffer = PartitionBuffer(tp, table, processed.first_offset, processed.last_offset, now)
+            self._buffers[(tp, table)] = buffer
         buffer.last_offset = processed.last_offset
         buffer.messages += message_count
         buffer.dead_letters.extend(processed.dead_letters)
@@ -87,25 +110,46 @@ class ValueBuffers:
             buffer.rows += processed.rows.num_rows
             buffer.nbytes += processed.rows.nbytes
 
-    def room(self, partition: int) -> int:
-        """Messages ``partition`` can still take before its file is full."""
-        buffer = self._buffers.get(partition)
-        return self._limits.max_messages_per_file - (buffer.messages if buffer else 0)
+    def room(self, tp: TopicPartition) -> int:
+        """Messages ``tp`` can still take before a file of it is full."""
+        taken = max((b.messages for (lane_tp, _), b in self._buffers.items() if lane_tp == tp), default=0)
+        return self._limits.max_messages_per_file - taken
 
-    def flush_reason(self, now: float) -> str | None:
-        """Why the buffers must be committed now (the first limit reached), or None."""
+    def tables_of(self, tp: TopicPartition) -> frozenset[str]:
+        """The tables ``tp`` holds buffers for."""
+        return frozenset(table for lane_tp, table in self._buffers if lane_tp == tp)
+
+    def due(self, now: float) -> Due | None:
+        """The tables to commit now, and why (the first limit reached, in the order checked), or None."""
         if not self._buffers:
             return None
         limits = self._limits
-        if any(b.messages >= limits.max_messages_per_file for b in self._buffers.values()):
-            return "records"
-        if any(b.nbytes >= limits.min_bytes_per_file for b in self._buffers.values()):
-            return "bytes"
-        if self.buffered_bytes >= limits.max_buffered_bytes:
-            return "buffer_bytes"
-        if now - min(b.first_arrival for b in self._buffers.values()) >= limits.allowed_latency_s:
-            return "latency"
-        return None
+        checks: list[tuple[str, set[str]]] = [
+            ("records", {b.table for b in self._buffers.values() if b.messages >= limits.max_messages_per_file}),
+            ("bytes", {b.table for b in self._buffers.values() if b.nbytes >= limits.min_bytes_per_file}),
+            ("buffer_bytes", self._largest_tables()),
+            ("latency", {b.table for b in self._buffers.values() if now - b.first_arrival >= limits.allowed_latency_s}),
+        ]
+        due = [(reason, tables) for reason, tables in checks if tables]
+        if not due:
+            return None
+        return Due(due[0][0], frozenset().union(*(tables for _, tables in due)))
+
+    def _largest_tables(self) -> set[str]:
+        """Over the global bound: the largest tables, until what is left is under half of it."""
+        total = self.buffered_bytes
+        if total < self._limits.max_buffered_bytes:
+            return set()
+        by_table: dict[str, int] = {}
+        for buffer in self._buffers.values():
+            by_table[buffer.table] = by_table.get(buffer.table, 0) + buffer.nbytes
+        chosen: set[str] = set()
+        for table, nbytes in sorted(by_table.items(), key=lambda item: (-item[1], item[0])):
+            if total < self._limits.max_buffered_bytes / 2:
+                break
+            chosen.add(table)
+            total -= nbytes
+        return chosen
 
     def seconds_until_due(self, now: float) -> float | None:
         if not self._buffers:
@@ -113,13 +157,26 @@ class ValueBuffers:
         oldest = min(b.first_arrival for b in self._buffers.values())
         return max(0.0, oldest + self._limits.allowed_latency_s - now)
 
-    def take(self, partitions: set[int] | None = None) -> dict[int, PartitionBuffer]:
-        """Remove and return the buffers of ``partitions`` (all when None)."""
-        chosen = set(self._buffers) if partitions is None else partitions & set(self._buffers)
-        return {p: self._buffers.pop(p) for p in sorted(chosen)}
+    def take(
+        self, tables: frozenset[str] | None = None, partitions: set[TopicPartition] | None = None
+    ) -> dict[str, dict[TopicPartition, PartitionBuffer]]:
+        """Remove and return the buffers of ``tables`` and of ``partitions`` (all when both are None), by table."""
+        everything = tables is None and partitions is None
+        chosen = sorted(
+            lane
+            for lane in self._buffers
+            if everything
+            or (tables is not None and lane[1] in tables)
+            or (partitions is not None and lane[0] in partitions)
+        )
+        taken: dict[str, dict[TopicPartition, PartitionBuffer]] = {}
+        for tp, table in chosen:
+            taken.setdefault(table, {})[tp] = self._buffers.pop((tp, table))
+        return taken
 
-    def drop(self, partition: int) -> PartitionBuffer | None:
-        return self._buffers.pop(partition, None)
+    def drop(self, tp: TopicPartition) -> list[PartitionBuffer]:
+        """Remove the buffers of every lane of ``tp``."""
+        return [self._buffers.pop(lane) for lane in [lane for lane in self._buffers if lane[0] == tp]]
 
     @property
     def buffered_bytes(self) -> int:
@@ -127,14 +184,18 @@ class ValueBuffers:
 
     @property
     def buffered_messages(self) -> int:
-        return sum(b.messages for b in self._buffers.values())
+        """Messages held, counted once per partition (every lane of a partition covers the same messages)."""
+        by_tp: dict[TopicPartition, int] = {}
+        for (tp, _), buffer in self._buffers.items():
+            by_tp[tp] = max(by_tp.get(tp, 0), buffer.messages)
+        return sum(by_tp.values())
 
-    def partitions(self) -> list[int]:
+    def partitions(self) -> list[TopicPartition]:
         """The partitions that hold a buffer."""
-        return list(self._buffers)
+        return sorted({tp for tp, _ in self._buffers})
 
-    def __contains__(self, partition: int) -> bool:
-        return partition in self._buffers
+    def __contains__(self, tp: TopicPartition) -> bool:
+        return any(lane_tp == tp for lane_tp, _ in self._buffers)
 
     def __bool__(self) -> bool:
         return bool(self._buffers)

@@ -24,7 +24,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,10 +37,10 @@ from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from kafka2delta.config import Config
 from kafka2delta.errors import ConfigError, FatalError, MessageError, RetryableError
-from kafka2delta.kafka import topic_partitions
-from kafka2delta.offsets import txn_app_id
+from kafka2delta.kafka import subscribed_topics, topic_partitions
 from kafka2delta.pipeline import Pipeline
 from kafka2delta.records import PartitionMessages
+from kafka2delta.routing import Routes, TableSpec
 from kafka2delta.schema import parse_schema
 from kafka2delta.writer import log_versions
 
@@ -376,7 +376,8 @@ def read_table(
     offset_column: str,
     where: Callable[[pa.Schema], pc.Expression | None] | None = None,
 ) -> TableSnapshot:
-    """Txn versions ``<app_id>-<p>`` and rows from ONE version of the table (an absent table is empty)."""
+    """Txn versions ``<app_id>-<p>`` (``app_id``: the table's txn prefix for the topic, see
+    :class:`kafka2delta.offsets.TxnIds`) and rows from ONE version of the table (an absent table is empty)."""
     partitions = list(partitions)
     try:
         table = DeltaTable(uri, storage_options=dict(storage_options) or None)
@@ -392,7 +393,7 @@ def read_table(
                     "table.metadata_columns",
                     f"{uri} has no column {column!r}: verify needs the partition and offset of every row",
                 )
-        txns = {p: table.transaction_version(txn_app_id(app_id, p)) for p in partitions}
+        txns = {p: table.transaction_version(f"{app_id}-{p}") for p in partitions}
         rows = table.to_pyarrow_dataset().to_table(
             columns=[partition_column, offset_column], filter=where(schema) if where else None
         )
@@ -453,7 +454,7 @@ def committed_versions(
         table = DeltaTable(uri, storage_options=dict(storage_options))
     except TableNotFoundError:
         return dict.fromkeys(partitions)
-    return {p: table.transaction_version(txn_app_id(app_id, p)) for p in partitions}
+    return {p: table.transaction_version(f"{app_id}-{p}") for p in partitions}
 
 
 def compare(
@@ -528,8 +529,10 @@ def log_gaps(uri: str, storage_options: Mapping[str, str]) -> list[int]:
     return [v for v in range(min(versions), max(versions) + 1) if v not in present]
 
 
-def dead_letter_filter(app_id: str, topic: str) -> pa.compute.Expression:
-    return (pc.field("app_id") == app_id) & (pc.field("topic") == topic)
+def dead_letter_filter(app_ids: str | Sequence[str], topic: str) -> pa.compute.Expression:
+    """The dead letters of ``topic`` written under one of ``app_ids``."""
+    ids = [app_ids] if isinstance(app_ids, str) else list(app_ids)
+    return pc.field("app_id").isin(ids) & (pc.field("topic") == topic)
 
 
 def skip_by_filter(document: Callable[[PartitionMessages], Any]) -> Skip:
@@ -551,66 +554,119 @@ def skip_by_filter(document: Callable[[PartitionMessages], Any]) -> Skip:
 def check(
     config: Config,
     timeout_s: float | None = None,
-    pipeline_factory: Callable[[pa.Schema], Pipeline] | None = None,
-) -> Report:
-    """The whole check for ``config``'s topic and tables. ``pipeline_factory`` builds the daemon's stages
-    for the table schema (needed only with a ``[filter]``, to tell filtered messages apart)."""
-    wanted = {"partition", "offset"}
-    if not wanted <= set(config.table.metadata_columns):
-        missing = sorted(wanted - set(config.table.metadata_columns))
-        raise ConfigError(
-            "table.metadata_columns",
-            f"verify needs the Kafka partition and offset of every row, and {missing} is not recorded: "
-            'set table.metadata_columns = ["topic", "partition", "offset"] (rows written before then carry '
-            "no offset and would count as missing)",
-        )
-    topic, options, app_id = config.kafka.topic, config.table.storage_options, config.app_id
+    pipeline_factory: Callable[[pa.Schema, TableSpec], Pipeline] | None = None,
+) -> list[Report]:
+    """The whole check: every subscribed topic against its table and the dead-letter table. ``pipeline_factory``
+    builds the daemon's stages for a table (needed only with a ``[filter]``, to tell filtered messages apart)."""
+    routes = Routes(config)
     settings = {k: v for k, v in config.kafka.settings.items() if k not in _CONSUMER_ONLY_FOR_GROUPS}
+    reports = []
+    for topic in subscribed_topics(config.kafka.bootstrap_servers, config.kafka, settings):
+        # With [routing] expression a topic's messages spread over its routes' tables: their rows are read as one.
+        specs = {spec.uri: spec for spec in [routes.table_for(topic)]}
+        if config.routing.expression:
+            specs.update((spec.uri, spec) for spec in routes.tables_by_name(topic).values())
+        reports.append(
+            _check_topic(
+                config,
+                topic,
+                list(specs.values()),
+                routes.dead_letter_app_ids(topic),
+                settings,
+                timeout_s,
+                pipeline_factory,
+            )
+        )
+    return reports
+
+
+def _check_topic(
+    config: Config,
+    topic: str,
+    specs: list[TableSpec],
+    dead_letter_app_ids: tuple[str, ...],
+    settings: Mapping[str, str],
+    timeout_s: float | None,
+    pipeline_factory: Callable[[pa.Schema, TableSpec], Pipeline] | None,
+) -> Report:
+    for spec in specs:
+        _check_metadata(spec)
+    spec = specs[0]
+    options = config.table.storage_options
     partitions = topic_partitions(config.kafka.bootstrap_servers, topic, settings)
-    by_topic = "topic" in config.table.metadata_columns
 
     def rows_of_this_topic(schema: pa.Schema) -> pc.Expression:
-        if by_topic and "kafka_topic" in schema.names:
+        if "kafka_topic" in schema.names:
             return pc.field("kafka_topic") == topic
         return pc.field("kafka_partition").is_valid()
 
     # Tables first, then the topic: every committed offset is below the high watermarks read after.
-    main = read_table(
-        config.table.uri, options, app_id, partitions, "kafka_partition", "kafka_offset", rows_of_this_topic
-    )
+    tables = [
+        read_table(
+            s.uri, options, s.txn_ids.prefix(topic), partitions, "kafka_partition", "kafka_offset", rows_of_this_topic
+        )
+        for s in specs
+    ]
+    main = tables[0]
+    if len(tables) > 1:
+        held = {p: [v for t in tables if (v := t.txns[p]) is not None] for p in partitions}
+        main = TableSnapshot(
+            ", ".join(s.uri for s in specs),
+            main.version,
+            main.schema,
+            {p: min(versions) if versions else None for p, versions in held.items()},
+            pa.concat_tables([t.rows for t in tables]),
+        )
     letters = read_table(
         config.dead_letter_table_uri,
         options,
-        f"{app_id}-dlq",
+        f"{dead_letter_app_ids[0]}-dlq",
         partitions,
         "partition",
         "offset",
-        lambda schema: dead_letter_filter(app_id, topic),
+        lambda schema: dead_letter_filter(dead_letter_app_ids, topic),
     )
     filtered = None
     if config.filter.expression and pipeline_factory is not None:
         schema = main.schema
         if schema is None:
-            schema = parse_schema(config.create_schema_columns())
-        filtered = pipeline_filter(pipeline_factory(schema))
+            schema = parse_schema(dict(spec.columns)) if spec.columns else pa.schema([])
+        filtered = pipeline_filter(pipeline_factory(schema, spec))
     offsets = read_topic(config.kafka.bootstrap_servers, topic, settings, filtered=filtered, timeout_s=timeout_s)
     logger.info(
-        "read %d messages of %s; table v%s, dead-letter table v%s",
+        "read %d messages of %s; table %s v%s, dead-letter table v%s",
         sum(o.size for o in offsets.offsets.values()),
         topic,
+        spec.name,
         main.version,
         letters.version,
     )
     return Report(
         topic,
-        config.table.uri,
+        main.uri,
         config.dead_letter_table_uri,
         compare(offsets, main.rows, letters.rows, main.txns, letters.txns),
-        log_gaps(config.table.uri, options) if main.version is not None else [],
+        [gap for t in tables if t.version is not None for gap in log_gaps(t.uri, options)],
         log_gaps(config.dead_letter_table_uri, options) if letters.version is not None else [],
         table_version=main.version,
         dead_letter_version=letters.version,
     )
+
+
+def _check_metadata(spec: TableSpec) -> None:
+    """The rows of ``spec``'s table must say where they came from."""
+    metadata = set(spec.metadata_columns)
+    key = f"{spec.route}.metadata_columns" if spec.route != "table" else "table.metadata_columns"
+    if not {"partition", "offset"} <= metadata:
+        missing = sorted({"partition", "offset"} - metadata)
+        raise ConfigError(
+            key,
+            f"verify needs the Kafka partition and offset of every row, and {missing} is not recorded: "
+            'set metadata_columns = ["topic", "partition", "offset"] (rows written before then carry '
+            "no offset and would count as missing)",
+        )
+    if spec.txn_ids.multi_topic and "topic" not in metadata:
+        raise ConfigError(key, f"several topics can write {spec.uri}: verify needs the topic of every row as well")
 
 
 # Group-membership settings mean nothing to a consumer that is assigned its partitions.
@@ -621,13 +677,22 @@ def command(
     config: Config,
     as_json: bool,
     timeout_s: float | None,
-    pipeline_factory: Callable[[pa.Schema], Pipeline] | None = None,
+    pipeline_factory: Callable[[pa.Schema, TableSpec], Pipeline] | None = None,
 ) -> int:
-    """``kafka2delta verify``: print the report (text or JSON) and return the exit code."""
+    """``kafka2delta verify``: print the report of each topic (text, or JSON: one object for one topic, else
+    ``{"ok": …, "reports": [...]}``) and return the exit code."""
     try:
-        report = check(config, timeout_s, pipeline_factory)
+        reports = check(config, timeout_s, pipeline_factory)
     except (RetryableError, FatalError) as exc:
         logger.error("verify could not complete: %s", exc)
         return EXIT_UNCHECKED
-    print(report.to_json() if as_json else report.render(), flush=True)
-    return EXIT_OK if report.ok else EXIT_FAILED
+    ok = all(report.ok for report in reports)
+    if as_json:
+        if len(reports) == 1:
+            print(reports[0].to_json(), flush=True)
+        else:
+            documents = [json.loads(report.to_json()) for report in reports]
+            print(json.dumps({"ok": ok, "reports": documents}, indent=2), flush=True)
+    else:
+        print("\n\n".join(report.render() for report in reports), flush=True)
+    return EXIT_OK if ok else EXIT_FAILED

@@ -23,13 +23,28 @@ import pyarrow.dataset as pa_ds
 import pyarrow.fs as pa_fs
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction, WriterProperties, write_deltalake
+from deltalake import Field as DeltaField
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from deltalake.transaction import AddAction, RemoveAction
 
 from kafka2delta.bisection import isolate_failures
-from kafka2delta.errors import CommitConflict, ConfigError, FatalError, RetryableError, RowsRejected, SchemaChanged
-from kafka2delta.offsets import CommitOutcome, classify_commit, txn_app_id
-from kafka2delta.records import OffsetRange
+from kafka2delta.errors import (
+    CommitConflict,
+    ConfigError,
+    FatalError,
+    RetryableError,
+    RowsRejected,
+    SchemaChanged,
+    TableNotCreated,
+)
+from kafka2delta.offsets import CommitOutcome, classify_commit
+from kafka2delta.records import OffsetRange, TopicPartition
+
+TxnId = Callable[[TopicPartition], str]
+"""The txn app id a table gives a topic partition (see :class:`kafka2delta.offsets.TxnIds`)."""
+LegacyTxnId = Callable[[TopicPartition], str | None]
+"""The id the table gave the partition before more topics could write it, if it differs."""
+_HISTORY_LOOKED_AT = 1000
 
 logger = logging.getLogger(__name__)
 
@@ -157,17 +172,20 @@ class DeltaWriter:
         table: DeltaTable,
         uri: str,
         storage_options: Mapping[str, str],
-        app_id: str,
+        txn_id: TxnId,
         compression: str,
         checkpoint_interval: int,
+        legacy_txn_id: LegacyTxnId | None = None,
     ) -> None:
         self._table = table
         self._uri = uri
-        self._app_id = app_id
+        self._txn_id = txn_id
+        self._legacy_txn_id = legacy_txn_id
+        self._legacy_owner: str | None = None
         self._compression = compression
         self._checkpoint_interval = checkpoint_interval
         # The txn versions of a commit that landed but whose log refresh failed (the retry returns them).
-        self._landed: dict[int, int] | None = None
+        self._landed: dict[TopicPartition, int] | None = None
         self._filesystem, self._root = _filesystem(uri, storage_options)
         self.schema: pa.Schema = _table_schema(table)
         """The table schema as of the last refresh or commit of this writer."""
@@ -186,11 +204,12 @@ class DeltaWriter:
         cls,
         uri: str,
         storage_options: Mapping[str, str],
-        app_id: str,
+        txn_id: TxnId,
         compression: str,
         checkpoint_interval: int,
         create_schema: pa.Schema | None,
         partition_by: Iterable[str] = (),
+        legacy_txn_id: LegacyTxnId | None = None,
     ) -> DeltaWriter:
         """Open the table, creating it from ``create_schema`` when it does not exist."""
         options = dict(storage_options)
@@ -210,7 +229,7 @@ class DeltaWriter:
             logger.info("created table %s (partitioned by %s)", uri, list(partition_by) or "nothing")
         except (DeltaError, OSError) as exc:
             raise RetryableError(f"opening table {uri}: {exc}") from exc
-        return cls(table, uri, options, app_id, compression, checkpoint_interval)
+        return cls(table, uri, options, txn_id, compression, checkpoint_interval, legacy_txn_id)
 
     @property
     def version(self) -> int:
@@ -229,15 +248,55 @@ class DeltaWriter:
         self.schema = _table_schema(self._table)
         return self.schema
 
-    def committed_offsets(self, partitions: Iterable[int]) -> dict[int, int | None]:
+    def add_nullable_columns(self, fields: Sequence[pa.Field]) -> None:
+        """Add nullable top-level columns to the table (one commit); rows written before read null there."""
+        try:
+            self._table.alter.add_columns([DeltaField.from_arrow(f) for f in fields])
+        except (DeltaError, OSError) as exc:
+            raise RetryableError(f"adding columns to {self._uri}: {exc}") from exc
+        self.schema = _table_schema(self._table)
+
+    def committed_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int | None]:
         """The txn versions of ``partitions`` in the newest table version."""
         try:
             self._table.update_incremental()
-            return {p: self._table.transaction_version(txn_app_id(self._app_id, p)) for p in partitions}
+            found = {tp: self._table.transaction_version(self._txn_id(tp)) for tp in partitions}
+            if self._legacy_txn_id is not None:
+                self._add_legacy_versions(found, self._legacy_txn_id)
+            return found
         except (DeltaError, OSError) as exc:
             raise RetryableError(f"reading txn versions from {self._uri}: {exc}") from exc
 
-    def write_files(self, topic: str, partition: int, offsets: OffsetRange, rows: pa.Table) -> list[AddAction]:
+    def _add_legacy_versions(self, found: dict[TopicPartition, int | None], legacy: LegacyTxnId) -> None:
+        """A table written by one topic before more could write it holds ``<app_id>-<partition>`` ids: they
+        are that topic's (the one its older commits name) until the new ``<app_id>-<topic>-<partition>``
+        ids exist."""
+        older = {
+            tp: self._table.transaction_version(legacy_id)
+            for tp in found
+            if found[tp] is None and (legacy_id := legacy(tp))
+        }
+        if not any(version is not None for version in older.values()):
+            return
+        if self._legacy_owner is None:
+            self._legacy_owner = self._topic_of_single_topic_commits()
+        for tp, version in older.items():
+            if tp.topic == self._legacy_owner:
+                found[tp] = version
+
+    def _topic_of_single_topic_commits(self) -> str:
+        for entry in self._table.history(_HISTORY_LOOKED_AT):
+            info = entry.get("kafka2delta")
+            # A commit with one-topic txn ids: before 0.2 (no "multi_topic"), or since, of a one-topic table.
+            if isinstance(info, dict) and not info.get("multi_topic") and isinstance(info.get("topic"), str):
+                return str(info["topic"])
+        raise ConfigError(
+            "table.app_id",
+            f"{self._uri} holds txn ids of a single-topic configuration but no commit among its last "
+            f"{_HISTORY_LOOKED_AT} says which topic wrote them: keep a configuration with one topic for this table",
+        )
+
+    def write_files(self, tp: TopicPartition, offsets: OffsetRange, rows: pa.Table) -> list[AddAction]:
         """Write the rows of one Kafka partition as Parquet (one file per table partition value).
 
         Raises :class:`RowsRejected` (row positions in ``rows``) when Parquet refuses particular rows,
@@ -254,7 +313,7 @@ class DeltaWriter:
                 for column, value in values.items()
             )
             unique = uuid.uuid4().hex[:12]
-            name = f"{topic}-{partition}-{offsets.first}-{offsets.last}-{unique}.{self._compression}.parquet"
+            name = f"{tp.topic}-{tp.partition}-{offsets.first}-{offsets.last}-{unique}.{self._compression}.parquet"
             relative = f"{directory}/{name}" if directory else name
             path = f"{self._root.rstrip('/')}/{relative}"
             try:
@@ -305,8 +364,8 @@ class DeltaWriter:
     def commit(
         self,
         actions: Sequence[AddAction],
-        expected: Mapping[int, int | None],
-        versions: Mapping[int, int],
+        expected: Mapping[TopicPartition, int | None],
+        versions: Mapping[TopicPartition, int],
         metadata: dict[str, Any],
     ) -> int:
         """Commit ``actions`` with txn ``versions`` per partition, atomically. Returns the new version.
@@ -332,8 +391,8 @@ class DeltaWriter:
     def commit_evolution(
         self,
         rows: pa.Table,
-        expected: Mapping[int, int | None],
-        versions: Mapping[int, int],
+        expected: Mapping[TopicPartition, int | None],
+        versions: Mapping[TopicPartition, int],
         metadata: dict[str, Any],
     ) -> int:
         """Commit ``rows``, whose schema adds nullable columns (or nested fields) to the table's, in ONE
@@ -356,8 +415,8 @@ class DeltaWriter:
 
     def _transaction(
         self,
-        expected: Mapping[int, int | None],
-        versions: Mapping[int, int],
+        expected: Mapping[TopicPartition, int | None],
+        versions: Mapping[TopicPartition, int],
         metadata: dict[str, Any],
         run: Callable[[CommitProperties], None],
     ) -> int:
@@ -378,7 +437,7 @@ class DeltaWriter:
             raise SchemaChanged(self._uri, latest)
         properties = CommitProperties(
             custom_metadata={"kafka2delta": metadata},
-            app_transactions=[Transaction(txn_app_id(self._app_id, p), v) for p, v in versions.items()],
+            app_transactions=[Transaction(self._txn_id(tp), v) for tp, v in versions.items()],
             max_commit_retries=50,
         )
         try:
@@ -405,7 +464,7 @@ class DeltaWriter:
             raise RetryableError(f"{'conflicting' if conflict else 'failed'} commit to {self._uri}: {exc}") from exc
         return self._after_commit(versions)
 
-    def _after_commit(self, versions: Mapping[int, int]) -> int:
+    def _after_commit(self, versions: Mapping[TopicPartition, int]) -> int:
         try:
             self._table.update_incremental()
         except (DeltaError, OSError) as exc:
@@ -437,6 +496,148 @@ class DeltaWriter:
             return self._table.history(limit)
         except (DeltaError, OSError) as exc:
             raise RetryableError(f"reading history of {self._uri}: {exc}") from exc
+
+
+class DeferredTable:
+    """A table that does not exist yet and has no configured schema (a route without ``schema``): it is created
+    by its first commit with rows, from their schema (what the pipeline took from the first batch). Until then
+    it holds no txn, so its partitions start at ``kafka.auto_offset_reset``; another writer creating it first
+    is seen at the next refresh (a schema change, as for any table)."""
+
+    def __init__(
+        self,
+        uri: str,
+        storage_options: Mapping[str, str],
+        txn_id: TxnId,
+        compression: str,
+        checkpoint_interval: int,
+        partition_by: Iterable[str],
+        legacy_txn_id: LegacyTxnId | None = None,
+    ) -> None:
+        self._uri = uri
+        self._options = dict(storage_options)
+        self._txn_id = txn_id
+        self._legacy_txn_id = legacy_txn_id
+        self._compression = compression
+        self._checkpoint_interval = checkpoint_interval
+        self._partition_by = list(partition_by)
+        self._writer: DeltaWriter | None = None
+        self.schema: pa.Schema = pa.schema([])
+
+    @property
+    def uri(self) -> str:
+        return self._uri
+
+    @property
+    def version(self) -> int:
+        """The table's version; -1 while it does not exist."""
+        return self._writer.version if self._exists() and self._writer is not None else -1
+
+    def refresh_schema(self) -> pa.Schema:
+        if self._exists():
+            assert self._writer is not None
+            self.schema = self._writer.refresh_schema()
+        return self.schema
+
+    def committed_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int | None]:
+        if self._exists():
+            assert self._writer is not None
+            return self._writer.committed_offsets(partitions)
+        return dict.fromkeys(partitions)
+
+    def write_files(self, tp: TopicPartition, offsets: OffsetRange, rows: pa.Table) -> list[AddAction]:
+        return self._created(rows.schema).write_files(tp, offsets, rows)
+
+    def check_rows(self, rows: pa.Table) -> None:
+        try:
+            pq.write_table(rows, pa.BufferOutputStream(), compression=self._compression)
+        except _DATA_ERRORS as exc:
+            raise RowsRejected(_rejected_rows(rows, self._compression, exc)) from exc
+
+    def commit(
+        self,
+        actions: Sequence[AddAction],
+        expected: Mapping[TopicPartition, int | None],
+        versions: Mapping[TopicPartition, int],
+        metadata: dict[str, Any],
+    ) -> int:
+        if not self._exists():
+            raise TableNotCreated(self._uri)
+        assert self._writer is not None
+        version = self._writer.commit(actions, expected, versions, metadata)
+        self.schema = self._writer.schema
+        return version
+
+    def commit_evolution(
+        self,
+        rows: pa.Table,
+        expected: Mapping[TopicPartition, int | None],
+        versions: Mapping[TopicPartition, int],
+        metadata: dict[str, Any],
+    ) -> int:
+        if not rows.num_rows and not self._exists():
+            raise TableNotCreated(self._uri)
+        version = self._created(rows.schema).commit_evolution(rows, expected, versions, metadata)
+        self.schema = self._created(rows.schema).schema
+        return version
+
+    def _exists(self) -> bool:
+        if self._writer is None:
+            try:
+                self._writer = DeltaWriter(
+                    DeltaTable(self._uri, storage_options=self._options),
+                    self._uri,
+                    self._options,
+                    self._txn_id,
+                    self._compression,
+                    self._checkpoint_interval,
+                    self._legacy_txn_id,
+                )
+            except TableNotFoundError:
+                return False
+            except (DeltaError, OSError) as exc:
+                raise RetryableError(f"opening table {self._uri}: {exc}") from exc
+        return True
+
+    def _created(self, schema: pa.Schema) -> DeltaWriter:
+        if not self._exists():
+            self._writer = DeltaWriter.open(
+                self._uri,
+                self._options,
+                self._txn_id,
+                self._compression,
+                self._checkpoint_interval,
+                schema,
+                [c for c in self._partition_by if c in schema.names],
+                self._legacy_txn_id,
+            )
+        assert self._writer is not None
+        return self._writer
+
+
+def open_delta_table(
+    uri: str,
+    storage_options: Mapping[str, str],
+    txn_id: TxnId,
+    compression: str,
+    checkpoint_interval: int,
+    create_schema: pa.Schema | None,
+    partition_by: Iterable[str] = (),
+    legacy_txn_id: LegacyTxnId | None = None,
+    *,
+    defer: bool = False,
+) -> DeltaWriter | DeferredTable:
+    """The table at ``uri``: opened, created from ``create_schema``, or, when it does not exist and there is
+    no schema, a :class:`DeferredTable` (``defer``) or a ConfigError naming ``table.schema``."""
+    if create_schema is None and defer:
+        deferred = DeferredTable(
+            uri, storage_options, txn_id, compression, checkpoint_interval, partition_by, legacy_txn_id
+        )
+        if deferred.version < 0:
+            return deferred
+    return DeltaWriter.open(
+        uri, storage_options, txn_id, compression, checkpoint_interval, create_schema, partition_by, legacy_txn_id
+    )
 
 
 def _rejected_rows(rows: pa.Table, compression: str, cause: Exception) -> list[tuple[int, Exception]]:

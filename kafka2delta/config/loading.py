@@ -28,6 +28,8 @@ from kafka2delta.config.sections import (
     KafkaConfig,
     LoggingConfig,
     MetricsConfig,
+    RouteConfig,
+    RoutingConfig,
     SchemaRegistryConfig,
     SparkConfig,
     TableConfig,
@@ -50,10 +52,13 @@ SECTIONS: dict[str, type[Any]] = {
     "spark": SparkConfig,
     "coordinator": CoordinatorConfig,
     "jobs": JobsConfig,
+    "routing": RoutingConfig,
 }
 # A section that is a plain ordered table of strings, not a dataclass.
 _TRANSFORMS = "transforms"
-_TYPE_HINTS = {name: typing.get_type_hints(cls) for name, cls in SECTIONS.items()}
+# An array of tables ([[routes]] in TOML; K2D_ROUTES: a JSON array of objects).
+_ROUTES = "routes"
+_TYPE_HINTS = {name: typing.get_type_hints(cls) for name, cls in [*SECTIONS.items(), (_ROUTES, RouteConfig)]}
 
 
 def load_config(path: str | Path | None, environ: Mapping[str, str] | None = None) -> Config:
@@ -80,6 +85,10 @@ def _apply_environment(raw: dict[str, Any], environ: Mapping[str, str], sources:
     if transforms_variable in environ:
         raw[_TRANSFORMS] = _json_object(_TRANSFORMS, transforms_variable, environ[transforms_variable])
         sources[_TRANSFORMS] = transforms_variable
+    routes_variable = f"{ENV_PREFIX}{_ROUTES.upper()}"
+    if routes_variable in environ:
+        raw[_ROUTES] = _json_array(_ROUTES, routes_variable, environ[routes_variable])
+        sources[_ROUTES] = routes_variable
     for variable in sorted(environ):
         if not variable.startswith(ENV_PREFIX) or "__" not in variable:
             continue
@@ -106,6 +115,16 @@ def _apply_environment(raw: dict[str, Any], environ: Mapping[str, str], sources:
 _JSON_KEYS = frozenset({"schema", "epoch_units"})
 
 
+def _json_array(key: str, variable: str, text: str) -> list[Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{key} (from {variable})", f"expected a JSON array: {exc}") from exc
+    if not isinstance(value, list):
+        raise ConfigError(f"{key} (from {variable})", f"expected a JSON array, got {text!r}")
+    return value
+
+
 def _json_object(key: str, variable: str, text: str) -> dict[str, Any]:
     try:
         value = json.loads(text)
@@ -118,9 +137,12 @@ def _json_object(key: str, variable: str, text: str) -> dict[str, Any]:
 
 def _build(raw: dict[str, Any], sources: dict[str, str]) -> Config:
     for section in raw:
-        if section not in SECTIONS and section != _TRANSFORMS:
-            raise ConfigError(section, f"unknown section (known: {', '.join([*SECTIONS, _TRANSFORMS])})")
-    built: dict[str, Any] = {"transforms": _build_transforms(raw.get(_TRANSFORMS, {}), sources)}
+        if section not in SECTIONS and section not in (_TRANSFORMS, _ROUTES):
+            raise ConfigError(section, f"unknown section (known: {', '.join([*SECTIONS, _TRANSFORMS, _ROUTES])})")
+    built: dict[str, Any] = {
+        "transforms": _build_transforms(raw.get(_TRANSFORMS, {}), sources),
+        "routes": _build_routes(raw.get(_ROUTES, []), sources),
+    }
     for section, cls in SECTIONS.items():
         values = raw.get(section, {})
         if not isinstance(values, dict):
@@ -155,8 +177,22 @@ def _flatten_targets(values: dict[str, Any], prefix: str = "") -> list[tuple[str
     return flat
 
 
-def _build_section(section: str, cls: type[Any], values: dict[str, Any], sources: dict[str, str]) -> Any:
-    hints = _TYPE_HINTS[section]
+def _build_routes(values: Any, sources: dict[str, str]) -> tuple[RouteConfig, ...]:
+    where = f"{_ROUTES} (from {sources[_ROUTES]})" if _ROUTES in sources else _ROUTES
+    if not isinstance(values, list):
+        raise ConfigError(where, "expected an array of tables ([[routes]] in TOML, a JSON array in the environment)")
+    routes = []
+    for index, route in enumerate(values):
+        if not isinstance(route, dict):
+            raise ConfigError(f"{where}[{index}]", "expected a table")
+        routes.append(_build_section(f"{_ROUTES}[{index}]", RouteConfig, route, sources, _TYPE_HINTS[_ROUTES]))
+    return tuple(routes)
+
+
+def _build_section(
+    section: str, cls: type[Any], values: dict[str, Any], sources: dict[str, str], hints: dict[str, Any] | None = None
+) -> Any:
+    hints = hints if hints is not None else _TYPE_HINTS[section]
     fields = {f.name: f for f in dataclasses.fields(cls)}
     for key in values:
         if key not in fields:

@@ -12,6 +12,8 @@ from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
 ENV_PREFIX = "K2D_"
+TOPIC_PLACEHOLDER = "{topic}"
+"""In a table URI: the topic's name (``table.uri = "s3://lake/raw/{topic}"``)."""
 # table.metadata_columns: the Kafka metadata a row can record, and the column type a new table gets.
 METADATA_COLUMNS = {
     "topic": "string",
@@ -40,8 +42,13 @@ class KafkaConfig:
 
     bootstrap_servers: str
     """Comma-separated ``host:port`` list. Required."""
-    topic: str
-    """The topic to ingest. Required."""
+    topic: str = ""
+    """The topic to ingest. One of ``topic``, ``topics`` and ``topic_pattern`` is required."""
+    topics: tuple[str, ...] = ()
+    """Several topics to ingest (each routed to its table: ``table.uri`` with ``{topic}``, or ``[[routes]]``)."""
+    topic_pattern: str = ""
+    """A regular expression; every topic it matches is ingested, new ones from the next metadata refresh
+    (``settings."topic.metadata.refresh.interval.ms"``, librdkafka's default 5 minutes)."""
     group_id: str = "kafka2delta"
     """Consumer group; several daemons in one group share the topic's partitions."""
     auto_offset_reset: Literal["earliest", "latest"] = "earliest"
@@ -56,15 +63,29 @@ class KafkaConfig:
     settings: Mapping[str, str] = field(default_factory=dict)
     """librdkafka settings passed as they are (SASL, TLS, fetch sizes …)."""
 
+    def subscription(self) -> list[str]:
+        """What the consumer subscribes to: the topics, or the pattern (librdkafka wants it to start with ``^``)."""
+        if self.topic_pattern:
+            return [self.topic_pattern if self.topic_pattern.startswith("^") else f"^{self.topic_pattern}"]
+        return [self.topic] if self.topic else list(self.topics)
+
+    def subscribes(self, topic: str) -> bool:
+        """Whether ``topic`` is one this daemon ingests."""
+        if self.topic_pattern:
+            return re.search(self.subscription()[0], topic) is not None
+        return topic == self.topic or topic in self.topics
+
 
 @dataclass(frozen=True)
 class TableConfig:
     """``[table]``: where rows go."""
 
-    uri: str
-    """Table location: a local path or an object-store URI. Required."""
+    uri: str = ""
+    """Table location: a local path or an object-store URI. ``{topic}`` in it makes one table per topic (a topic
+    name is always a safe path segment). Required unless ``[[routes]]`` give every topic its table."""
     app_id: str = ""
-    """Prefix of the Delta ``txn`` app ids (``<app_id>-<partition>``); default: the topic name."""
+    """Prefix of the Delta ``txn`` app ids: ``<app_id>-<partition>``, or ``<app_id>-<topic>-<partition>`` for a
+    table several topics can write; default: the topic name (``<topic>-<partition>`` either way)."""
     schema: Mapping[str, str] = field(default_factory=dict)
     """Columns and types used to create the table when it does not exist (see ``schema.py``)."""
     partition_by: tuple[str, ...] = ()
@@ -79,6 +100,43 @@ class TableConfig:
     metadata_columns: tuple[str, ...] = ()
     """Kafka metadata recorded in every row, as columns ``kafka_<name>``: any of ``topic``, ``partition``,
     ``offset``, ``timestamp``, ``timestamp_type``, ``key``. ``kafka2delta verify`` needs partition and offset."""
+
+
+@dataclass(frozen=True)
+class RouteConfig:
+    """``[[routes]]``: which topics (or, with ``[routing] expression``, which messages) go to which table. The
+    first route matching a topic is its route; a key left empty takes its value from ``[table]``."""
+
+    name: str = ""
+    """The route's name: the ``table`` label of the metrics, and what ``[routing] expression`` returns to pick it.
+    Default: the table's URI."""
+    topic: str = ""
+    """The topic this route takes (or ``topic_pattern``; neither: every topic, only with ``[routing] expression``)."""
+    topic_pattern: str = ""
+    """A regular expression: the topics this route takes."""
+    uri: str = ""
+    """The table (``{topic}`` allowed, as in ``table.uri``)."""
+    app_id: str = ""
+    """As ``table.app_id``."""
+    schema: Mapping[str, str] = field(default_factory=dict)
+    """Columns of the table when it is created (empty: ``[table.schema]``, or the first batch's when that is empty
+    too: see README "Routing")."""
+    partition_by: tuple[str, ...] = ()
+    """As ``table.partition_by`` (empty: ``[table]``'s)."""
+    schema_evolution: Literal["", "none", "merge"] = ""
+    """As ``table.schema_evolution`` (empty: ``[table]``'s)."""
+    metadata_columns: tuple[str, ...] = ()
+    """As ``table.metadata_columns`` (empty: ``[table]``'s)."""
+
+
+@dataclass(frozen=True)
+class RoutingConfig:
+    """``[routing]``: choosing a table per message rather than per topic."""
+
+    expression: str = ""
+    """A JMESPath expression over the transformed message whose value is the ``name`` of a route; a message
+    whose value is empty or names no route matching its topic is a dead letter (stage ``route``). Empty: the
+    table is chosen by topic."""
 
 
 @dataclass(frozen=True)
@@ -279,10 +337,15 @@ class Config:
     spark: SparkConfig = field(default_factory=SparkConfig)
     coordinator: CoordinatorConfig = field(default_factory=CoordinatorConfig)
     jobs: JobsConfig = field(default_factory=JobsConfig)
+    routes: tuple[RouteConfig, ...] = ()
+    """``[[routes]]``, in the order written (the first matching a topic wins)."""
+    routing: RoutingConfig = field(default_factory=RoutingConfig)
 
     @property
     def app_id(self) -> str:
-        return self.table.app_id or self.kafka.topic
+        """``[table]``'s app id: ``table.app_id``, or the topic of a one-topic daemon (the Spark jobs name their
+        txns after it: ``<app_id>-<job>``)."""
+        return self.table.app_id or self.kafka.topic or "kafka2delta"
 
     @property
     def metadata_transforms(self) -> tuple[tuple[str, str], ...]:
@@ -298,7 +361,15 @@ class Config:
 
     @property
     def dead_letter_table_uri(self) -> str:
-        return self.dead_letters.table_uri or f"{self.table.uri.rstrip('/')}_dead_letters"
+        """``dead_letters.table_uri``; default ``<table.uri>_dead_letters``, or for a ``{topic}`` template the
+        directory holding the topics' tables plus ``_dead_letters`` (one dead-letter table per daemon)."""
+        if self.dead_letters.table_uri:
+            return self.dead_letters.table_uri
+        uri = self.table.uri
+        if TOPIC_PLACEHOLDER in uri:
+            parent = uri[: uri.rfind("/", 0, uri.index(TOPIC_PLACEHOLDER))]
+            return f"{parent}/_dead_letters" if parent else "_dead_letters"
+        return f"{uri.rstrip('/')}_dead_letters"
 
     def secret_values(self) -> list[str]:
         """Every secret value in the config, for log redaction."""
@@ -312,15 +383,29 @@ class Config:
     def summary(self) -> list[str]:
         """The settings that matter, one readable line per concern, secrets masked (logged at start)."""
         kafka, table, ingest, fmt = self.kafka, self.table, self.ingest, self.format
+        subscription = (
+            f"topic {kafka.topic}" if kafka.topic else f"topics {', '.join(kafka.topics) or kafka.topic_pattern}"
+        )
         registry = _without_credentials(self.schema_registry.url) if self.schema_registry.url else "none"
         dead_letters = self.dead_letter_table_uri + (
             f", topic {self.dead_letters.topic}" if self.dead_letters.topic else ""
         )
         return [
-            f"kafka: topic {kafka.topic}, group {kafka.group_id}, brokers {kafka.bootstrap_servers}, "
+            f"kafka: {subscription}, group {kafka.group_id}, brokers {kafka.bootstrap_servers}, "
             f"auto_offset_reset {kafka.auto_offset_reset}, missing_offset_policy {kafka.missing_offset_policy}",
-            f"table: {_without_credentials(table.uri)} (txn app id {self.app_id}-<partition>), "
-            f"schema_evolution {table.schema_evolution}, partition_by {list(table.partition_by) or 'none'}",
+            *(
+                [
+                    f"table: {_without_credentials(table.uri)}, schema_evolution {table.schema_evolution}, "
+                    f"partition_by {list(table.partition_by) or 'none'}"
+                ]
+                if table.uri
+                else []
+            ),
+            *(
+                f"route {route.name or index}: {_route_match(route)} → {_without_credentials(route.uri or table.uri)}"
+                for index, route in enumerate(self.routes)
+            ),
+            *([f"routing: per message by {self.routing.expression!r}"] if self.routing.expression else []),
             f"dead letters: {dead_letters}",
             f"format: {fmt.type}{' (gzip)' if fmt.gzip else ''}, key {fmt.key}, schema registry {registry}, "
             f"{len(self.transforms)} transforms, filter {self.filter.expression or 'none'}",
@@ -352,6 +437,12 @@ def _without_credentials(uri: str) -> str:
     if "@" not in parts.netloc:
         return uri
     return urlunsplit(parts._replace(netloc=f"{MASK}@{parts.netloc.rsplit('@', 1)[1]}"))
+
+
+def _route_match(route: RouteConfig) -> str:
+    if route.topic:
+        return f"topic {route.topic}"
+    return f"topics matching {route.topic_pattern!r}" if route.topic_pattern else "any topic"
 
 
 def _mib(size: int) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from kafka2delta.config.sections import METADATA_COLUMNS, Config
+from kafka2delta.config.sections import METADATA_COLUMNS, TOPIC_PLACEHOLDER, Config
 from kafka2delta.errors import ConfigError
 from kafka2delta.schema import parse_schema
 
@@ -31,13 +31,12 @@ def validate(config: Config) -> None:
         raise ConfigError("ingest.max_commit_retries", "expected 0 or more")
     if not 0 <= config.metrics.port <= 65535:
         raise ConfigError("metrics.port", f"expected a port 0..65535, got {config.metrics.port}")
-    for key, text in (
-        ("kafka.bootstrap_servers", config.kafka.bootstrap_servers),
-        ("kafka.topic", config.kafka.topic),
-        ("table.uri", config.table.uri),
-    ):
-        if not text.strip():
-            raise ConfigError(key, "must not be empty")
+    if not config.kafka.bootstrap_servers.strip():
+        raise ConfigError("kafka.bootstrap_servers", "must not be empty")
+    if not config.routes and not config.table.uri.strip():
+        raise ConfigError("table.uri", "must not be empty (or give every topic its table with [[routes]])")
+    _validate_subscription(config)
+    _validate_routes(config)
     reserved = {"group.id", "enable.auto.commit", "enable.auto.offset.store", "bootstrap.servers"}
     for key in config.kafka.settings:
         if key in reserved:
@@ -167,3 +166,90 @@ def _validate_spark_jobs(config: Config) -> None:
             "jobs.retention_days" if jobs.retention_column else "jobs.retention_column",
             "retention needs both jobs.retention_column and jobs.retention_days",
         )
+
+
+def _validate_subscription(config: Config) -> None:
+    """Exactly one of kafka.topic, kafka.topics and kafka.topic_pattern; names Kafka accepts; a valid regex."""
+    kafka = config.kafka
+    given = [
+        key
+        for key, value in (("topic", kafka.topic), ("topics", kafka.topics), ("topic_pattern", kafka.topic_pattern))
+        if value
+    ]
+    if not given:
+        raise ConfigError("kafka.topic", "required key missing (or kafka.topics, or kafka.topic_pattern)")
+    if len(given) > 1:
+        raise ConfigError(
+            f"kafka.{given[1]}", f"set only one of kafka.topic, kafka.topics and kafka.topic_pattern (found {given})"
+        )
+    names = (
+        [("kafka.topic", kafka.topic)]
+        if kafka.topic
+        else [(f"kafka.topics[{i}]", t) for i, t in enumerate(kafka.topics)]
+    )
+    for key, name in names:
+        if not _TOPIC_NAME.fullmatch(name) or name in (".", ".."):
+            raise ConfigError(key, f"{name!r} is not a Kafka topic name (letters, digits, '.', '_', '-'; at most 249)")
+    if len({t for _, t in names}) != len(names):
+        raise ConfigError("kafka.topics", f"lists a topic twice: {list(kafka.topics)}")
+    if kafka.topic_pattern:
+        try:
+            re.compile(kafka.topic_pattern)
+        except re.error as exc:
+            raise ConfigError("kafka.topic_pattern", f"not a regular expression: {exc}") from exc
+
+
+# What Kafka accepts as a topic name: also safe as one path segment of a table URI ({topic} in table.uri).
+_TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
+
+
+def _validate_routes(config: Config) -> None:
+    """Each route takes some topics (or messages, by [routing] expression) to a table that can be named."""
+    expression = config.routing.expression.strip()
+    _check_uri_template("table.uri", config.table.uri)
+    names: set[str] = set()
+    for index, route in enumerate(config.routes):
+        key = f"routes[{index}]"
+        if route.topic and route.topic_pattern:
+            raise ConfigError(f"{key}.topic_pattern", "set topic or topic_pattern, not both")
+        if not (route.topic or route.topic_pattern or expression):
+            raise ConfigError(
+                f"{key}.topic", "required (or topic_pattern): without [routing] expression a route is chosen by topic"
+            )
+        if route.topic_pattern:
+            try:
+                re.compile(route.topic_pattern)
+            except re.error as exc:
+                raise ConfigError(f"{key}.topic_pattern", f"not a regular expression: {exc}") from exc
+        if route.topic and not config.kafka.subscribes(route.topic):
+            raise ConfigError(
+                f"{key}.topic", f"{route.topic!r} is not among the subscribed topics ({config.kafka.subscription()})"
+            )
+        uri = route.uri or config.table.uri
+        if not uri.strip():
+            raise ConfigError(f"{key}.uri", "required (table.uri is empty)")
+        _check_uri_template(f"{key}.uri", route.uri)
+        schema_key = f"{key}.schema" if route.schema else "table.schema"
+        columns = dict(route.schema or config.table.schema)
+        try:
+            schema = parse_schema(columns) if columns else None
+        except ValueError as exc:
+            raise ConfigError(schema_key, str(exc)) from exc
+        for column in route.partition_by:
+            if schema is not None and column not in schema.names:
+                raise ConfigError(f"{key}.partition_by", f"column {column!r} is not in {schema_key}")
+        for name in route.metadata_columns:
+            if name not in METADATA_COLUMNS:
+                raise ConfigError(f"{key}.metadata_columns", f"unknown {name!r} (known: {', '.join(METADATA_COLUMNS)})")
+        if route.name:
+            if route.name in names:
+                raise ConfigError(f"{key}.name", f"{route.name!r} names two routes")
+            names.add(route.name)
+        elif expression:
+            raise ConfigError(f"{key}.name", "required with [routing] expression (its value names the route)")
+
+
+def _check_uri_template(key: str, uri: str) -> None:
+    for placeholder in re.findall(r"\{[^}]*\}", uri):
+        if placeholder != TOPIC_PLACEHOLDER:
+            raise ConfigError(key, f"unknown placeholder {placeholder} (only {TOPIC_PLACEHOLDER})")

@@ -239,12 +239,13 @@ def test_storage_error_right_after_a_landed_commit(tmp_path: Path, chaos_result:
     import pyarrow as pa
 
     from kafka2delta.errors import RetryableError
-    from kafka2delta.records import OffsetRange
+    from kafka2delta.offsets import TxnIds
+    from kafka2delta.records import OffsetRange, TopicPartition
     from kafka2delta.writer import DeltaWriter
 
     chaos_result.scenario = "storage error right after a landed commit (in-process)"
     schema = pa.schema([pa.field("id", pa.string(), nullable=False)])
-    writer = DeltaWriter.open(str(tmp_path / "t"), {}, "app", "snappy", 10, schema)
+    writer = DeltaWriter.open(str(tmp_path / "t"), {}, TxnIds("app").main, "snappy", 10, schema)
     table = writer._table
     real_update = table.update_incremental
     calls = 0
@@ -257,10 +258,11 @@ def test_storage_error_right_after_a_landed_commit(tmp_path: Path, chaos_result:
         real_update()
 
     table.update_incremental = flaky  # type: ignore[method-assign]
-    actions = writer.write_files("t", 0, OffsetRange(0, 1), pa.table({"id": ["a", "b"]}, schema=schema))
+    t0 = TopicPartition("t", 0)
+    actions = writer.write_files(t0, OffsetRange(0, 1), pa.table({"id": ["a", "b"]}, schema=schema))
     with pytest.raises(RetryableError, match="then reading the log failed"):
-        writer.commit(actions, {0: None}, {0: 1}, {})
+        writer.commit(actions, {t0: None}, {t0: 1}, {})
     chaos_result.fault("OSError after the commit")
-    assert writer.commit(actions, {0: None}, {0: 1}, {}) == 1  # the retry: landed, nothing committed twice
-    assert writer.committed_offsets([0]) == {0: 1}
+    assert writer.commit(actions, {t0: None}, {t0: 1}, {}) == 1  # the retry: landed, nothing committed twice
+    assert writer.committed_offsets([t0]) == {t0: 1}
     assert sorted(DeltaTable(str(tmp_path / "t")).to_pyarrow_table().column("id").to_pylist()) == ["a", "b"]

@@ -140,13 +140,14 @@ def test_metrics_health_status_page_and_json_logs(
     assert total(samples, f"{latency}_bucket", topic=topic, le="+Inf") == counts["good"]
     assert total(samples, f"{latency}_bucket", topic=topic, le="120.0") == counts["good"]
     assert 0 < total(samples, f"{latency}_sum", topic=topic) < 120 * counts["good"]
-    assert total(samples, "kafka2delta_rows_per_commit_sum", topic=topic) == counts["good"]
-    commits = total(samples, "kafka2delta_commits_total", topic=topic)
-    assert commits >= 2 and total(samples, "kafka2delta_commit_duration_seconds_count", topic=topic) == commits
-    assert total(samples, "kafka2delta_flush_duration_seconds_count", topic=topic) == commits
-    files = total(samples, "kafka2delta_files_written_total", topic=topic)
-    assert files >= PARTITIONS and total(samples, "kafka2delta_file_size_bytes_count", topic=topic) == files
-    assert total(samples, "kafka2delta_bytes_written_total", topic=topic) > 0
+    table = setup.table_uri  # the table label: its route's name, or (here) its URI
+    assert total(samples, "kafka2delta_rows_per_commit_sum", table=table) == counts["good"]
+    commits = total(samples, "kafka2delta_commits_total", table=table)
+    assert commits >= 2 and total(samples, "kafka2delta_commit_duration_seconds_count", table=table) == commits
+    assert total(samples, "kafka2delta_flush_duration_seconds_count", table=table) == commits
+    files = total(samples, "kafka2delta_files_written_total", table=table)
+    assert files >= PARTITIONS and total(samples, "kafka2delta_file_size_bytes_count", table=table) == files
+    assert total(samples, "kafka2delta_bytes_written_total", table=table) > 0
     assert total(samples, "kafka2delta_assigned_partitions") == PARTITIONS
     assert total(samples, "kafka2delta_rebalances_total", event="assigned") == PARTITIONS
     assert total(samples, "kafka2delta_buffered_messages") == 0

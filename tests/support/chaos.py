@@ -82,17 +82,20 @@ class ChaosProducer:
         chunk: int = 200,
         pause_s: float = 0.05,
         start: int = 0,
+        payload: Callable[[int, int], bytes] | None = None,
     ) -> None:
+        """``payload(partition, seq)``: the messages (default: events with one poison message in ``every``)."""
         self.produced = 0
         self.error: BaseException | None = None
         self._stop = threading.Event()
-        self._args = (topic, per_partition, every, chunk, pause_s, start)
+        self._args = (topic, per_partition, chunk, pause_s, start)
+        self._payload = payload or poisoned(every)
         self._thread = threading.Thread(target=self._run, name="chaos-producer", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
-        topic, per_partition, every, chunk, pause_s, start = self._args
-        payload = poisoned(every)
+        topic, per_partition, chunk, pause_s, start = self._args
+        payload = self._payload
         producer = Producer(
             {"bootstrap.servers": topic.bootstrap, "linger.ms": 20, "batch.num.messages": 10000, "log_level": 0}
         )

@@ -17,70 +17,119 @@ from kafka2delta.config import FormatConfig, load_config
 from kafka2delta.dead_letters import DeadLetterTable
 from kafka2delta.edges import DeadLetterStore, RebalanceListener, Source, TableWriter
 from kafka2delta.metrics import Metrics
-from kafka2delta.offsets import LogicalOffset
+from kafka2delta.offsets import LogicalOffset, TxnIds
 from kafka2delta.pipeline import Pipeline
-from kafka2delta.records import ConsumedBatch, DeadLetter, PartitionMessages
+from kafka2delta.records import ConsumedBatch, DeadLetter, PartitionMessages, TopicPartition
 from kafka2delta.runner import Ingestor
 from kafka2delta.schema import parse_schema
 from kafka2delta.serialization import build_deserializer
+from kafka2delta.tables import OpenedTable
 
 SCHEMA = parse_schema({"id": "string not null"})
 
 
 class FakeSource(Source):
-    """Serves scripted batches, then empty ones; remembers seeks and group-offset commits."""
+    """Serves scripted batches of one topic (``t``), then empty ones; remembers seeks and group-offset commits
+    by partition number."""
 
-    def __init__(self, batches: list[ConsumedBatch], partitions: list[int], high: int) -> None:
+    def __init__(self, batches: list[ConsumedBatch], partitions: list[int], high: int, topic: str = "t") -> None:
         self.batches = batches
+        self.topic = topic
         self.partitions = partitions
         self.high = high
         self.starts: dict[int, int | LogicalOffset] = {}
         self.seeks: list[tuple[int, int | LogicalOffset]] = []
         self.group_offsets: list[dict[int, int]] = []
 
+    def tp(self, partition: int) -> TopicPartition:
+        return TopicPartition(self.topic, partition)
+
     def start(self, listener: RebalanceListener) -> None:
-        self.starts = listener.assigned(self.partitions)
+        starts = listener.assigned([self.tp(p) for p in self.partitions])
+        self.starts = {tp.partition: start for tp, start in starts.items()}
 
     def consume(self, max_messages: int, timeout: float) -> ConsumedBatch:
         batch = self.batches.pop(0) if self.batches else ConsumedBatch()
-        batch.end_offsets = {} if self.batches else {p: self.high for p in self.partitions}
+        batch.end_offsets = {} if self.batches else {self.tp(p): self.high for p in self.partitions}
         return batch
 
-    def watermarks(self, partition: int, cached: bool = False) -> tuple[int, int]:
+    def watermarks(self, tp: TopicPartition, cached: bool = False) -> tuple[int, int]:
         return 0, self.high
 
-    def seek(self, partition: int, start: int | LogicalOffset) -> None:
-        self.seeks.append((partition, start))
+    def seek(self, tp: TopicPartition, start: int | LogicalOffset) -> None:
+        self.seeks.append((tp.partition, start))
 
-    def commit_group_offsets(self, next_offsets: Mapping[int, int]) -> None:
-        self.group_offsets.append(dict(next_offsets))
+    def commit_group_offsets(self, next_offsets: Mapping[TopicPartition, int]) -> None:
+        self.group_offsets.append({tp.partition: offset for tp, offset in next_offsets.items()})
 
     def close(self) -> None:
         pass
+
+
+class TopicsSource(Source):
+    """Serves scripted batches of any topics, then empty ones (end of partition at ``highs``); remembers
+    seeks and group-offset commits by topic partition."""
+
+    def __init__(self, batches: list[ConsumedBatch], highs: Mapping[TopicPartition, int]) -> None:
+        self.batches = batches
+        self.highs = dict(highs)
+        self.starts: dict[TopicPartition, int | LogicalOffset] = {}
+        self.seeks: list[tuple[TopicPartition, int | LogicalOffset]] = []
+        self.group_offsets: dict[TopicPartition, int] = {}
+
+    def start(self, listener: RebalanceListener) -> None:
+        self.starts = listener.assigned(sorted(self.highs))
+
+    def consume(self, max_messages: int, timeout: float) -> ConsumedBatch:
+        batch = self.batches.pop(0) if self.batches else ConsumedBatch()
+        batch.end_offsets = {} if self.batches else dict(self.highs)
+        return batch
+
+    def watermarks(self, tp: TopicPartition, cached: bool = False) -> tuple[int, int]:
+        return 0, self.highs[tp]
+
+    def seek(self, tp: TopicPartition, start: int | LogicalOffset) -> None:
+        self.seeks.append((tp, start))
+
+    def commit_group_offsets(self, next_offsets: Mapping[TopicPartition, int]) -> None:
+        self.group_offsets.update(next_offsets)
+
+    def close(self) -> None:
+        pass
+
+
+def messages_of(tp: TopicPartition, first: int, documents: Sequence[dict[str, Any]]) -> ConsumedBatch:
+    """``documents`` as JSON messages of ``tp`` from offset ``first``."""
+    payloads: list[bytes | None] = [json.dumps(document).encode() for document in documents]
+    offsets = list(range(first, first + len(payloads)))
+    messages = PartitionMessages(
+        topic=tp.topic, partition=tp.partition, offsets=offsets, payloads=payloads, timestamps_ms=[0] * len(offsets)
+    )
+    return ConsumedBatch(partitions={tp: messages})
 
 
 class RecordingDeadLetters(DeadLetterStore):
     """The real dead-letter table, counting its commits."""
 
     def __init__(self, tmp_path: Path) -> None:
-        self.table = DeadLetterTable.open(str(tmp_path / "dlq"), {}, "t", "t", "snappy", 10)
+        self.table = DeadLetterTable.open(str(tmp_path / "dlq"), {}, TxnIds().prefix, "snappy", 10)
         self.commits = 0
 
     @property
     def uri(self) -> str:
         return self.table.uri
 
-    def committed_offsets(self, partitions: Iterable[int]) -> dict[int, int | None]:
+    def committed_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int | None]:
         return self.table.committed_offsets(partitions)
 
-    def recorded_offsets(self, partition: int, after: int | None, upto: int) -> set[int]:
-        return self.table.recorded_offsets(partition, after, upto)
+    def recorded_offsets(self, tp: TopicPartition, after: int | None, upto: int) -> set[int]:
+        return self.table.recorded_offsets(tp, after, upto)
 
     def commit(
         self,
-        letters: Mapping[int, Sequence[DeadLetter]],
-        expected: Mapping[int, int | None],
-        versions: Mapping[int, int],
+        letters: Mapping[TopicPartition, Sequence[DeadLetter]],
+        expected: Mapping[TopicPartition, int | None],
+        versions: Mapping[TopicPartition, int],
         metadata: dict[str, Any],
     ) -> int:
         self.commits += 1
@@ -103,13 +152,14 @@ def batch(partition: int, first: int, count: int, bad_every: int = 0) -> Consume
     messages = PartitionMessages(
         topic="t", partition=partition, offsets=offsets, payloads=payloads, timestamps_ms=[0] * count
     )
-    return ConsumedBatch(partitions={partition: messages})
+    return ConsumedBatch(partitions={TopicPartition("t", partition): messages})
 
 
 def make(
     tmp_path: Path, source: Source, writer: TableWriter, sink: DeadLetterStore, **ingest: str
 ) -> tuple[Ingestor, Metrics]:
-    """The loop for topic ``t`` into ``<tmp_path>/t`` with ``[ingest]`` overrides; backoff does not sleep."""
+    """The loop for topic ``t`` into ``writer`` (``<tmp_path>/t``) with ``[ingest]`` overrides; backoff does not
+    sleep."""
     environ = {
         "K2D_KAFKA__BOOTSTRAP_SERVERS": "unused:1",
         "K2D_KAFKA__TOPIC": "t",
@@ -124,8 +174,7 @@ def make(
     ingestor = Ingestor(
         config,
         source=source,
-        writer=writer,
-        pipeline=pipeline,
+        tables=lambda spec: OpenedTable(writer=writer, pipeline=pipeline),
         dead_letters=sink,
         metrics=metrics,
         sleep=sleeps.append,

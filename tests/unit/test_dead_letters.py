@@ -10,7 +10,10 @@ from deltalake.schema import PrimitiveType
 
 from kafka2delta.dead_letters import DEAD_LETTER_SCHEMA, DeadLetterTable
 from kafka2delta.errors import CommitConflict
-from kafka2delta.records import DeadLetter, Stage, payload_json
+from kafka2delta.offsets import TxnIds
+from kafka2delta.records import DeadLetter, Stage, TopicPartition, payload_json
+
+P0, P1 = TopicPartition("events", 0), TopicPartition("events", 1)
 
 
 def letter(partition: int, offset: int, stage: Stage = "deserialize") -> DeadLetter:
@@ -19,13 +22,13 @@ def letter(partition: int, offset: int, stage: Stage = "deserialize") -> DeadLet
 
 
 def open_table(tmp_path: Path) -> DeadLetterTable:
-    return DeadLetterTable.open(str(tmp_path / "dlq"), {}, "app", "events", "snappy", 10)
+    return DeadLetterTable.open(str(tmp_path / "dlq"), {}, TxnIds("app").prefix, "snappy", 10)
 
 
 def test_commit_records_rows_and_txns(tmp_path: Path) -> None:
     table = open_table(tmp_path)
-    assert table.committed_offsets([0, 1]) == {0: None, 1: None}
-    table.commit({0: [letter(0, 3), letter(0, 7, "coerce")]}, {0: None}, {0: 9}, {"topic": "events"})
+    assert table.committed_offsets([P0, P1]) == {P0: None, P1: None}
+    table.commit({P0: [letter(0, 3), letter(0, 7, "coerce")]}, {P0: None}, {P0: 9}, {"topic": "events"})
     delta = DeltaTable(str(tmp_path / "dlq"))
     assert delta.metadata().partition_columns == ["date"]
     assert delta.transaction_version("app-dlq-0") == 9
@@ -43,19 +46,19 @@ def test_commit_records_rows_and_txns(tmp_path: Path) -> None:
 
 def test_recorded_offsets_reads_only_the_window(tmp_path: Path) -> None:
     table = open_table(tmp_path)
-    table.commit({0: [letter(0, 3)], 1: [letter(1, 4)]}, {0: None, 1: None}, {0: 5, 1: 5}, {})
-    table.commit({0: [letter(0, 8), letter(0, 9)]}, {0: 5}, {0: 12}, {})
-    assert table.recorded_offsets(0, 5, 12) == {8, 9}
-    assert table.recorded_offsets(0, None, 12) == {3, 8, 9}
-    assert table.recorded_offsets(1, 3, 5) == {4}
-    assert table.recorded_offsets(0, 9, 12) == set()
+    table.commit({P0: [letter(0, 3)], P1: [letter(1, 4)]}, {P0: None, P1: None}, {P0: 5, P1: 5}, {})
+    table.commit({P0: [letter(0, 8), letter(0, 9)]}, {P0: 5}, {P0: 12}, {})
+    assert table.recorded_offsets(P0, 5, 12) == {8, 9}
+    assert table.recorded_offsets(P0, None, 12) == {3, 8, 9}
+    assert table.recorded_offsets(P1, 3, 5) == {4}
+    assert table.recorded_offsets(P0, 9, 12) == set()
 
 
 def test_a_zombie_cannot_record_the_same_range_twice(tmp_path: Path) -> None:
     first, zombie = open_table(tmp_path), open_table(tmp_path)
-    first.commit({0: [letter(0, 1)]}, {0: None}, {0: 5}, {})
+    first.commit({P0: [letter(0, 1)]}, {P0: None}, {P0: 5}, {})
     with pytest.raises(CommitConflict):
-        zombie.commit({0: [letter(0, 1)]}, {0: None}, {0: 5}, {})
+        zombie.commit({P0: [letter(0, 1)]}, {P0: None}, {P0: 5}, {})
     assert len(DeltaTable(str(tmp_path / "dlq")).to_pyarrow_table()) == 1
 
 
@@ -69,19 +72,19 @@ def test_payload_json_prefers_the_document_and_falls_back_to_the_payload() -> No
 
 def test_an_altered_dead_letter_table_is_written_into_while_our_columns_remain(tmp_path: Path) -> None:
     table = open_table(tmp_path)
-    table.commit({0: [letter(0, 1)]}, {0: None}, {0: 1}, {})
+    table.commit({P0: [letter(0, 1)]}, {P0: None}, {P0: 1}, {})
     DeltaTable(str(tmp_path / "dlq")).alter.add_columns([Field("triaged_by", PrimitiveType("string"), nullable=True)])
-    table.commit({0: [letter(0, 2)]}, {0: 1}, {0: 2}, {})
+    table.commit({P0: [letter(0, 2)]}, {P0: 1}, {P0: 2}, {})
     rows = DeltaTable(str(tmp_path / "dlq")).to_pyarrow_table().to_pylist()
     assert sorted(r["offset"] for r in rows) == [1, 2] and all(r["triaged_by"] is None for r in rows)
 
 
 def test_apps_sharing_a_dead_letter_table_do_not_see_each_others_letters(tmp_path: Path) -> None:
     ours = open_table(tmp_path)
-    theirs = DeadLetterTable.open(str(tmp_path / "dlq"), {}, "other-app", "events", "snappy", 10)
-    theirs.commit({0: [letter(0, 3)]}, {0: None}, {0: 5}, {})
-    ours.commit({0: [letter(0, 4)]}, {0: None}, {0: 5}, {})
-    assert ours.recorded_offsets(0, None, 5) == {4}
-    assert theirs.recorded_offsets(0, None, 5) == {3}
+    theirs = DeadLetterTable.open(str(tmp_path / "dlq"), {}, TxnIds("other-app").prefix, "snappy", 10)
+    theirs.commit({P0: [letter(0, 3)]}, {P0: None}, {P0: 5}, {})
+    ours.commit({P0: [letter(0, 4)]}, {P0: None}, {P0: 5}, {})
+    assert ours.recorded_offsets(P0, None, 5) == {4}
+    assert theirs.recorded_offsets(P0, None, 5) == {3}
     apps = {r["offset"]: r["app_id"] for r in DeltaTable(str(tmp_path / "dlq")).to_pyarrow_table().to_pylist()}
     assert apps == {3: "other-app", 4: "app"}

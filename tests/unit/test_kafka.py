@@ -11,6 +11,9 @@ from confluent_kafka import OFFSET_INVALID, KafkaError, KafkaException, TopicPar
 
 from kafka2delta.config import KafkaConfig
 from kafka2delta.kafka import KafkaSource
+from kafka2delta.records import TopicPartition as Partition
+
+T0 = Partition("t", 0)
 
 
 class RefusingConsumer:
@@ -48,20 +51,22 @@ def source(strategy: str, consumer: RefusingConsumer) -> KafkaSource:
 
 def test_cooperative_partition_is_reassigned_at_the_offset() -> None:
     consumer = RefusingConsumer({0: 120, 1: OFFSET_INVALID})
-    source("cooperative-sticky", consumer).seek(0, 3500)
+    source("cooperative-sticky", consumer).seek(T0, 3500)
     assert consumer.calls == [("incremental_unassign", [0]), ("incremental_assign", [(0, 3500)])]
 
 
 def test_eager_keeps_the_other_partitions_where_they_are() -> None:
     consumer = RefusingConsumer({0: 120, 1: 77, 2: OFFSET_INVALID})
     kafka = source("range", consumer)
-    kafka._starts[2] = 40  # assigned at 40, nothing consumed since: its position, never the group's offset
-    kafka.seek(0, 3500)
+    kafka._starts[Partition("t", 2)] = (
+        40  # assigned at 40, nothing consumed since: its position, never the group's offset
+    )
+    kafka.seek(T0, 3500)
     assert consumer.calls == [("assign", [(0, 3500), (1, 77), (2, 40)])]
 
 
 @pytest.mark.parametrize("strategy", ["cooperative-sticky", "range"])
 def test_a_partition_no_longer_assigned_is_left_alone(strategy: str) -> None:
     consumer = RefusingConsumer({1: 5})
-    source(strategy, consumer).seek(0, 3500)
+    source(strategy, consumer).seek(T0, 3500)
     assert consumer.calls == []

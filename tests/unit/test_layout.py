@@ -15,6 +15,8 @@ PURE = [
     "kafka2delta.schema",
     "kafka2delta.pipeline",
     "kafka2delta.value_buffers",
+    "kafka2delta.routing",
+    "kafka2delta.splitting",
     "kafka2delta.serialization",
     "kafka2delta.transforms",
     "kafka2delta.coercions",

@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kafka2delta.metrics import LATENCY_BUCKETS, METRIC_NAMES, BulkHistogram, CommitStats, Metrics
+from kafka2delta.records import TopicPartition
 
 
 def samples(registry: CollectorRegistry, family: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -88,17 +89,28 @@ def fire_every_event(metrics: Metrics) -> None:
     metrics.dead_lettered("t", "coerce", 1)
     metrics.unknown_fields("t", 2)
     metrics.buffered(5, 1234)
-    metrics.commit_retry("t")
-    metrics.columns_added("t", 1)
-    metrics.schema_change("t")
-    metrics.commit_conflict("t", 0)
+    metrics.commit_retry("events")
+    metrics.columns_added("events", 1)
+    metrics.schema_change("events")
+    metrics.commit_conflict(TopicPartition("t", 0), "events")
     metrics.storage_retry()
     metrics.rebalance("assigned", 2)
     metrics.offset_out_of_range("t", 1)
-    metrics.coordinator_skip("t", "order")
+    metrics.coordinator_skip("events", "order")
     metrics.assigned(2)
     metrics.lag("t", 0, 7)
-    metrics.committed("t", CommitStats("latency", 3, {0: 8}, [4096], 0.2, 0.05, [pa.array([1], pa.int64())]))
+    metrics.committed(
+        CommitStats(
+            table="events",
+            reason="latency",
+            version=3,
+            rows={TopicPartition("t", 0): 8},
+            file_sizes=[4096],
+            flush_seconds=0.2,
+            commit_seconds=0.05,
+            row_timestamps_ms={"t": [pa.array([1], pa.int64())]},
+        )
+    )
 
 
 def test_every_documented_metric_is_exposed_with_its_type() -> None:
@@ -120,7 +132,7 @@ def test_every_documented_metric_is_exposed_with_its_type() -> None:
 def test_no_unbounded_label() -> None:
     metrics = Metrics()
     fire_every_event(metrics)
-    allowed = {"topic", "partition", "stage", "reason", "event", "version", "le"}
+    allowed = {"topic", "partition", "table", "stage", "reason", "event", "version", "le"}
     for family in metrics.registry.collect():
         for sample in family.samples:
             assert set(sample.labels) <= allowed, (sample.name, sample.labels)
@@ -134,27 +146,39 @@ def test_commit_observes_rows_files_and_per_row_latency() -> None:
         pa.array([now_ms - 200, now_ms - 3_000, now_ms - 3_000], pa.int64()),  # 0.2 s, 3 s, 3 s
         pa.array([now_ms - 700_000, now_ms + 5_000, -1], pa.int64()),  # 700 s; a clock ahead → 0; no timestamp
     ]
-    metrics.committed("t", CommitStats("records", 12, {0: 3, 1: 3}, [2000, 70_000], 1.5, 0.3, stamps))
+    rows = {TopicPartition("t", 0): 3, TopicPartition("t", 1): 3}
+    metrics.committed(
+        CommitStats(
+            table="events",
+            reason="records",
+            version=12,
+            rows=rows,
+            file_sizes=[2000, 70_000],
+            flush_seconds=1.5,
+            commit_seconds=0.3,
+            row_timestamps_ms={"t": stamps},
+        )
+    )
     r = metrics.registry
-    assert value(r, "kafka2delta_commits_total", topic="t", reason="records") == 1
-    assert value(r, "kafka2delta_rows_written_total", topic="t", partition="0") == 3
-    assert value(r, "kafka2delta_rows_written_total", topic="t", partition="1") == 3
-    assert value(r, "kafka2delta_files_written_total", topic="t") == 2
-    assert value(r, "kafka2delta_bytes_written_total", topic="t") == 72_000
-    assert value(r, "kafka2delta_file_size_bytes_count", topic="t") == 2
-    assert value(r, "kafka2delta_file_size_bytes_bucket", topic="t", le="4096.0") == 1
-    assert value(r, "kafka2delta_rows_per_commit_sum", topic="t") == 6
-    assert value(r, "kafka2delta_flush_duration_seconds_sum", topic="t") == 1.5
-    assert value(r, "kafka2delta_commit_duration_seconds_sum", topic="t") == 0.3
-    assert value(r, "kafka2delta_last_committed_version") == 12
-    assert value(r, "kafka2delta_last_commit_timestamp_seconds") == 1_000_000.0
+    assert value(r, "kafka2delta_commits_total", table="events", reason="records") == 1
+    assert value(r, "kafka2delta_rows_written_total", topic="t", partition="0", table="events") == 3
+    assert value(r, "kafka2delta_rows_written_total", topic="t", partition="1", table="events") == 3
+    assert value(r, "kafka2delta_files_written_total", table="events") == 2
+    assert value(r, "kafka2delta_bytes_written_total", table="events") == 72_000
+    assert value(r, "kafka2delta_file_size_bytes_count", table="events") == 2
+    assert value(r, "kafka2delta_file_size_bytes_bucket", table="events", le="4096.0") == 1
+    assert value(r, "kafka2delta_rows_per_commit_sum", table="events") == 6
+    assert value(r, "kafka2delta_flush_duration_seconds_sum", table="events") == 1.5
+    assert value(r, "kafka2delta_commit_duration_seconds_sum", table="events") == 0.3
+    assert value(r, "kafka2delta_last_committed_version", table="events") == 12
+    assert value(r, "kafka2delta_last_commit_timestamp_seconds", table="events") == 1_000_000.0
     latency = "kafka2delta_end_to_end_latency_seconds"
-    assert value(r, f"{latency}_count", topic="t") == 5  # the row without a timestamp is not observed
-    assert value(r, f"{latency}_sum", topic="t") == pytest.approx(0.2 + 3 + 3 + 700 + 0)
-    assert value(r, f"{latency}_bucket", topic="t", le="0.25") == 2  # 0.2 s and the clamped one
-    assert value(r, f"{latency}_bucket", topic="t", le="5.0") == 4
-    assert value(r, f"{latency}_bucket", topic="t", le="600.0") == 4
-    assert value(r, f"{latency}_bucket", topic="t", le="1800.0") == 5
+    assert value(r, f"{latency}_count", topic="t", table="events") == 5  # the row without a timestamp is not observed
+    assert value(r, f"{latency}_sum", topic="t", table="events") == pytest.approx(0.2 + 3 + 3 + 700 + 0)
+    assert value(r, f"{latency}_bucket", topic="t", table="events", le="0.25") == 2  # 0.2 s and the clamped one
+    assert value(r, f"{latency}_bucket", topic="t", table="events", le="5.0") == 4
+    assert value(r, f"{latency}_bucket", topic="t", table="events", le="600.0") == 4
+    assert value(r, f"{latency}_bucket", topic="t", table="events", le="1800.0") == 5
 
 
 def test_seconds_since_last_commit_is_computed_at_scrape_time() -> None:
@@ -162,7 +186,11 @@ def test_seconds_since_last_commit_is_computed_at_scrape_time() -> None:
     metrics = Metrics(clock=lambda: now[0])
     now[0] = 130.0
     assert value(metrics.registry, "kafka2delta_seconds_since_last_commit") == 30  # since start: no commit yet
-    metrics.committed("t", CommitStats("latency", 1, {}, [], 0.1, 0.1))
+    metrics.committed(
+        CommitStats(
+            table="events", reason="latency", version=1, rows={}, file_sizes=[], flush_seconds=0.1, commit_seconds=0.1
+        )
+    )
     now[0] = 142.5
     assert value(metrics.registry, "kafka2delta_seconds_since_last_commit") == 12.5
 
@@ -171,6 +199,6 @@ def test_lag_of_partitions_no_longer_ours_is_removed() -> None:
     metrics = Metrics()
     metrics.lag("t", 0, 5)
     metrics.lag("t", 1, 0)
-    metrics.unassigned("t", [1, 7])
+    metrics.unassigned([TopicPartition("t", 1), TopicPartition("t", 7)])
     assert value(metrics.registry, "kafka2delta_consumer_lag", topic="t", partition="0") == 5
     assert value(metrics.registry, "kafka2delta_consumer_lag", topic="t", partition="1") is None

@@ -1,11 +1,24 @@
 import pytest
 
 from kafka2delta.errors import FatalError
-from kafka2delta.offsets import CommitOutcome, LogicalOffset, classify_commit, start_position, txn_app_id
+from kafka2delta.offsets import CommitOutcome, LogicalOffset, TxnIds, classify_commit, start_position
+from kafka2delta.records import TopicPartition
 
 
 def test_txn_app_id() -> None:
-    assert txn_app_id("orders", 7) == "orders-7"
+    assert TxnIds("orders").main(TopicPartition("events", 7)) == "orders-7"
+
+
+def test_txn_ids_name_the_topic_when_several_can_write_a_table() -> None:
+    orders, refunds = TopicPartition("orders", 7), TopicPartition("refunds", 7)
+    # Default app id: the topic, one topic or several: a table keeps its ids when more topics join it.
+    assert TxnIds().main(orders) == TxnIds(multi_topic=True).main(orders) == "orders-7"
+    assert TxnIds().dead_letters(orders) == "orders-dlq-7"
+    # An explicit app id is the whole prefix for one topic, and is followed by the topic for several.
+    assert TxnIds("shop").main(orders) == "shop-7" and TxnIds("shop").legacy_main(orders) is None
+    shared = TxnIds("shop", multi_topic=True)
+    assert (shared.main(orders), shared.main(refunds)) == ("shop-orders-7", "shop-refunds-7")
+    assert (shared.dead_letters(refunds), shared.legacy_main(orders)) == ("shop-refunds-dlq-7", "shop-7")
 
 
 def test_start_after_committed_offset_including_zero() -> None:

@@ -13,10 +13,13 @@ from prometheus_client import generate_latest
 
 from kafka2delta.dead_letters import DeadLetterTable
 from kafka2delta.errors import RetryableError
-from kafka2delta.offsets import LogicalOffset
-from kafka2delta.records import ConsumedBatch, DeadLetter, OffsetRange, PartitionMessages
+from kafka2delta.offsets import LogicalOffset, TxnIds
+from kafka2delta.records import ConsumedBatch, DeadLetter, OffsetRange, PartitionMessages, TopicPartition
 from kafka2delta.writer import DeltaWriter
 from tests.support.runner import SCHEMA, FakeSource, RecordingDeadLetters, batch, make
+
+TXN = TxnIds()  # the default: each partition's txn id is <topic>-<partition> ("t-0")
+T0, T1 = TopicPartition("t", 0), TopicPartition("t", 1)
 
 
 def rows_of(ids: list[str]) -> Any:
@@ -47,7 +50,7 @@ class FlakyWriter:
 
 
 def test_storage_error_is_retried_without_rewriting_or_rerecording(tmp_path: Path) -> None:
-    writer = FlakyWriter(DeltaWriter.open(str(tmp_path / "t"), {}, "t", "snappy", 10, SCHEMA))
+    writer = FlakyWriter(DeltaWriter.open(str(tmp_path / "t"), {}, TXN.main, "snappy", 10, SCHEMA))
     source = FakeSource([batch(0, 0, 10, bad_every=5), batch(1, 0, 10)], [0, 1], high=10)
     sink = RecordingDeadLetters(tmp_path)
     ingestor, metrics = make(tmp_path, source, writer, sink)
@@ -68,16 +71,16 @@ def test_storage_error_is_retried_without_rewriting_or_rerecording(tmp_path: Pat
 
 def test_conflict_drops_the_moved_partition_and_commits_the_other(tmp_path: Path) -> None:
     uri = str(tmp_path / "t")
-    ours = DeltaWriter.open(uri, {}, "t", "snappy", 10, SCHEMA)
-    other = DeltaWriter.open(uri, {}, "t", "snappy", 10, SCHEMA)
+    ours = DeltaWriter.open(uri, {}, TXN.main, "snappy", 10, SCHEMA)
+    other = DeltaWriter.open(uri, {}, TXN.main, "snappy", 10, SCHEMA)
 
     class RacingSource(FakeSource):
         def consume(self, max_messages: int, timeout: float) -> ConsumedBatch:
             served = super().consume(max_messages, timeout)
             if served.partitions:
                 # Another writer (a zombie's rival) commits partition 0 up to offset 4 meanwhile.
-                files = other.write_files("t", 0, OffsetRange(0, 4), rows_of(["theirs"]))
-                other.commit(files, {0: None}, {0: 4}, {})
+                files = other.write_files(T0, OffsetRange(0, 4), rows_of(["theirs"]))
+                other.commit(files, {T0: None}, {T0: 4}, {})
             return served
 
     both = batch(0, 0, 5)
@@ -98,7 +101,8 @@ def test_conflict_drops_the_moved_partition_and_commits_the_other(tmp_path: Path
     assert table.transaction_version("t-0") == 4 and table.transaction_version("t-1") == 4
     assert (0, 5) in source.seeks  # resynced to the table's version + 1
     assert (
-        'kafka2delta_commit_conflicts_total{partition="0",topic="t"} 1.0' in generate_latest(metrics.registry).decode()
+        f'kafka2delta_commit_conflicts_total{{partition="0",table="{uri}",topic="t"}} 1.0'
+        in generate_latest(metrics.registry).decode()
     )
 
 
@@ -119,21 +123,21 @@ class LogSource(FakeSource):
         offsets = list(range(self.position, min(self.position + max_messages, len(self.log))))
         self.position += len(offsets)
         if not offsets:
-            return ConsumedBatch(end_offsets={0: len(self.log)})
+            return ConsumedBatch(end_offsets={T0: len(self.log)})
         payloads: list[bytes | None] = [self.log[o] for o in offsets]
-        return ConsumedBatch(partitions={0: PartitionMessages("t", 0, offsets, payloads, [0] * len(offsets))})
+        return ConsumedBatch(partitions={T0: PartitionMessages("t", 0, offsets, payloads, [0] * len(offsets))})
 
-    def seek(self, partition: int, offset: int | LogicalOffset) -> None:
-        super().seek(partition, offset)
-        assert isinstance(offset, int)
-        self.position = offset
+    def seek(self, tp: TopicPartition, start: int | LogicalOffset) -> None:
+        super().seek(tp, start)
+        assert isinstance(start, int)
+        self.position = start
 
 
 def test_messages_fetched_before_a_resync_are_not_taken(tmp_path: Path) -> None:
     """A conflict mid-batch seeks back; the rest of the batch is stale and must leave no gap."""
     uri = str(tmp_path / "t")
-    ours = DeltaWriter.open(uri, {}, "t", "snappy", 10, SCHEMA)
-    rival = DeltaWriter.open(uri, {}, "t", "snappy", 10, SCHEMA)
+    ours = DeltaWriter.open(uri, {}, TXN.main, "snappy", 10, SCHEMA)
+    rival = DeltaWriter.open(uri, {}, TXN.main, "snappy", 10, SCHEMA)
     log = [json.dumps({"id": f"m{o}"}).encode() for o in range(20)]
 
     class RacedWriter(FlakyWriter):
@@ -141,7 +145,7 @@ def test_messages_fetched_before_a_resync_are_not_taken(tmp_path: Path) -> None:
             if self.failures_left:  # just before our first commit, a rival commits offsets 0..2
                 self.failures_left = 0
                 rows = rows_of([f"m{o}" for o in range(3)])
-                rival.commit(rival.write_files("t", 0, OffsetRange(0, 2), rows), {0: None}, {0: 2}, {})
+                rival.commit(rival.write_files(T0, OffsetRange(0, 2), rows), {T0: None}, {T0: 2}, {})
             return self._writer.commit(*args)
 
     source = LogSource(log)
@@ -159,11 +163,11 @@ def test_dead_letters_recorded_before_a_crash_are_final_and_the_window_is_comple
     """A crash left dead letters 6 and 8 recorded (dead-letter txn 9) but the main table at 4. Since
     then the config changed: 6 and 8 would now be rows, 7 would now be a dead letter."""
     uri = str(tmp_path / "t")
-    writer = DeltaWriter.open(uri, {}, "t", "snappy", 10, SCHEMA)
-    writer.commit(writer.write_files("t", 0, OffsetRange(0, 4), rows_of(["m0"])), {0: None}, {0: 4}, {})
+    writer = DeltaWriter.open(uri, {}, TXN.main, "snappy", 10, SCHEMA)
+    writer.commit(writer.write_files(T0, OffsetRange(0, 4), rows_of(["m0"])), {T0: None}, {T0: 4}, {})
     sink = RecordingDeadLetters(tmp_path)
     sink.table.commit(
-        {0: [DeadLetter("t", 0, o, "coerce", "old reason", b"{}") for o in (6, 8)]}, {0: None}, {0: 9}, {}
+        {T0: [DeadLetter("t", 0, o, "coerce", "old reason", b"{}") for o in (6, 8)]}, {T0: None}, {T0: 9}, {}
     )
 
     log = [json.dumps({"id": f"m{o}"}).encode() for o in range(10)]
@@ -176,7 +180,7 @@ def test_dead_letters_recorded_before_a_crash_are_final_and_the_window_is_comple
     assert sorted(table.to_pyarrow_table().column("id").to_pylist()) == ["m0", "m5", "m9"]
     assert table.transaction_version("t-0") == 9
     assert sink.offsets() == [(0, 6), (0, 7), (0, 8)]  # 7 recorded inside the old window, 6 and 8 not twice
-    assert sink.table.committed_offsets([0]) == {0: 9}
+    assert sink.table.committed_offsets([T0]) == {T0: 9}
     text = generate_latest(metrics.registry).decode()
     assert 'kafka2delta_messages_skipped_total{partition="0",reason="dead_letter_recorded",topic="t"} 2.0' in text
 
@@ -185,7 +189,7 @@ def test_a_resync_inside_a_revoke_callback_neither_takes_stale_messages_nor_lose
     """Someone changes the schema; the revoke callback's flush finds out and resyncs the partition we keep
     (p1). The consume() that ran the callback returns p1 messages fetched before that: not to be taken."""
     uri = str(tmp_path / "t")
-    writer = DeltaWriter.open(uri, {}, "t", "snappy", 10, SCHEMA)
+    writer = DeltaWriter.open(uri, {}, TXN.main, "snappy", 10, SCHEMA)
     log = {p: [json.dumps({"id": f"p{p}-{o}"}).encode() for o in range(15)] for p in (0, 1)}
 
     class RevokingSource(FakeSource):
@@ -208,19 +212,19 @@ def test_a_resync_inside_a_revoke_callback_neither_takes_stale_messages_nor_lose
         def consume(self, max_messages: int, timeout: float) -> ConsumedBatch:
             self.calls += 1
             if self.calls == 1:
-                return ConsumedBatch(partitions={0: self.serve(0, 5), 1: self.serve(1, 5)})
+                return ConsumedBatch(partitions={T0: self.serve(0, 5), T1: self.serve(1, 5)})
             if self.calls == 2:
                 stale = self.serve(1, 5)  # p1 5..9, queued before the rebalance op
                 DeltaTable(uri).alter.add_columns([Field("x", PrimitiveType("string"), nullable=True)])
-                self.listener.revoked([0])
-                return ConsumedBatch(partitions={1: stale})
+                self.listener.revoked([T0])
+                return ConsumedBatch(partitions={T1: stale})
             if self.position.get(1, 15) < 15:
-                return ConsumedBatch(partitions={1: self.serve(1, 15)})
-            return ConsumedBatch(end_offsets={1: 15})
+                return ConsumedBatch(partitions={T1: self.serve(1, 15)})
+            return ConsumedBatch(end_offsets={T1: 15})
 
-        def seek(self, partition: int, offset: int | LogicalOffset) -> None:
-            super().seek(partition, offset)
-            self.position[partition] = 0 if offset is LogicalOffset.EARLIEST else int(offset)  # type: ignore[arg-type]
+        def seek(self, tp: TopicPartition, start: int | LogicalOffset) -> None:
+            super().seek(tp, start)
+            self.position[tp.partition] = 0 if isinstance(start, LogicalOffset) else start
 
     source = RevokingSource()
     ingestor, metrics = make(tmp_path, source, writer, RecordingDeadLetters(tmp_path), allowed_latency_s="60")
@@ -239,17 +243,17 @@ def test_a_zombies_dead_letters_for_our_offsets_make_us_resync_not_commit_them_t
     """A zombie (older config) records offset 7 as a dead letter while we hold 5..9 as rows: our main
     commit must not also make 7 a row."""
     uri = str(tmp_path / "t")
-    writer = DeltaWriter.open(uri, {}, "t", "snappy", 10, SCHEMA)
-    writer.commit(writer.write_files("t", 0, OffsetRange(0, 4), rows_of(["m0"])), {0: None}, {0: 4}, {})
+    writer = DeltaWriter.open(uri, {}, TXN.main, "snappy", 10, SCHEMA)
+    writer.commit(writer.write_files(T0, OffsetRange(0, 4), rows_of(["m0"])), {T0: None}, {T0: 4}, {})
     sink = RecordingDeadLetters(tmp_path)
-    zombie = DeadLetterTable.open(str(tmp_path / "dlq"), {}, "t", "t", "snappy", 10)
+    zombie = DeadLetterTable.open(str(tmp_path / "dlq"), {}, TXN.prefix, "snappy", 10)
     log = [json.dumps({"id": f"m{o}"}).encode() for o in range(10)]
 
     class ZombieSource(LogSource):
         def consume(self, max_messages: int, timeout: float) -> ConsumedBatch:
             served = super().consume(max_messages, timeout)
-            if served.partitions and not zombie.committed_offsets([0])[0]:
-                zombie.commit({0: [DeadLetter("t", 0, 7, "coerce", "zombie", b"{}")]}, {0: None}, {0: 9}, {})
+            if served.partitions and not zombie.committed_offsets([T0])[T0]:
+                zombie.commit({T0: [DeadLetter("t", 0, 7, "coerce", "zombie", b"{}")]}, {T0: None}, {T0: 9}, {})
             return served
 
     source = ZombieSource(log)
@@ -262,5 +266,6 @@ def test_a_zombies_dead_letters_for_our_offsets_make_us_resync_not_commit_them_t
     assert sink.offsets() == [(0, 7)]
     assert (0, 5) in source.seeks
     assert (
-        'kafka2delta_commit_conflicts_total{partition="0",topic="t"} 1.0' in generate_latest(metrics.registry).decode()
+        f'kafka2delta_commit_conflicts_total{{partition="0",table="{uri}",topic="t"}} 1.0'
+        in generate_latest(metrics.registry).decode()
     )

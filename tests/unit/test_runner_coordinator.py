@@ -14,11 +14,12 @@ from prometheus_client import generate_latest
 from kafka2delta.config import FormatConfig, load_config
 from kafka2delta.coordinator import Coordinator, FileBackend
 from kafka2delta.metrics import Metrics
-from kafka2delta.offsets import LogicalOffset
+from kafka2delta.offsets import LogicalOffset, TxnIds
 from kafka2delta.pipeline import Pipeline
 from kafka2delta.records import ConsumedBatch
 from kafka2delta.runner import Ingestor
 from kafka2delta.serialization import build_deserializer
+from kafka2delta.tables import OpenedTable
 from kafka2delta.writer import DeltaWriter
 from tests.support.runner import SCHEMA, FakeSource, RecordingDeadLetters, batch
 
@@ -58,20 +59,18 @@ def ingestor(
             "K2D_COORDINATOR__JOIN_INGEST": "true",
         },
     )
-    writer = DeltaWriter.open(str(tmp_path / "t"), {}, "t", "snappy", 10, SCHEMA)
+    writer = DeltaWriter.open(str(tmp_path / "t"), {}, TxnIds().main, "snappy", 10, SCHEMA)
     metrics = Metrics()
     pipeline = Pipeline(build_deserializer(FormatConfig(), None, "t"), SCHEMA)
     sink = RecordingDeadLetters(tmp_path)
     daemon = Ingestor(
         config,
         source=source,
-        writer=writer,
-        pipeline=pipeline,
+        tables=lambda spec: OpenedTable(writer=writer, pipeline=pipeline, coordinator=joined),
         dead_letters=sink,
         metrics=metrics,
         clock=clock,
         sleep=sleep,
-        coordinator=joined,
     )
     return daemon, metrics
 

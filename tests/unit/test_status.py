@@ -15,10 +15,13 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter
 
 from kafka2delta.errors import FatalError
-from kafka2delta.records import ConsumedBatch, PartitionMessages
+from kafka2delta.offsets import TxnIds
+from kafka2delta.records import ConsumedBatch, PartitionMessages, TopicPartition
 from kafka2delta.status import CommitRecord, Status, StatusBoard, StatusServer, liveness_window_s, render_page
 from kafka2delta.writer import DeltaWriter
 from tests.support.runner import SCHEMA, FakeSource, RecordingDeadLetters, make
+
+E0, E1, E2 = (TopicPartition("events", p) for p in range(3))
 
 
 class Clock:
@@ -97,7 +100,7 @@ def test_readyz_needs_partitions_and_a_reachable_table(served: tuple[StatusBoard
     status_board, _, base = served
     code, _, body = get(f"{base}/readyz")
     assert code == 503 and json.loads(body)["reason"] == "no partition assigned"
-    status_board.partitions({0: 9, 1: None}, {0: 10, 1: 4}, {}, 0)
+    status_board.partitions({E0: 9, E1: None}, {E0: 10, E1: 4}, {}, 0)
     assert get(f"{base}/readyz")[0] == 200
     status_board.table_unreachable("commit (latency): S3 said 503")
     code, _, body = get(f"{base}/readyz")
@@ -108,17 +111,19 @@ def test_readyz_needs_partitions_and_a_reachable_table(served: tuple[StatusBoard
 
 def feed(status_board: StatusBoard) -> None:
     status_board.set_state("running")
-    status_board.partitions({0: 99, 1: None, 2: 41}, {0: 100, 1: 7, 2: 50}, {2: 3}, 4096)
+    status_board.partitions({E0: 99, E1: None, E2: 41}, {E0: 100, E1: 7, E2: 50}, {E2: 3}, 4096)
     for version in range(1, 26):
         status_board.committed(
-            CommitRecord(version, 1_800_000_000.0 + version, "latency", {0: (version * 4, version * 4 + 3)}, 4, 0, 0.1),
+            CommitRecord(
+                version, 1_800_000_000.0 + version, "latency", {E0: (version * 4, version * 4 + 3)}, 4, 0, 0.1
+            ),
             {},
         )
     status_board.committed(
-        CommitRecord(26, 1_800_000_100.0, "records", {0: (96, 99), 2: (30, 41)}, 14, 2, 0.25),
+        CommitRecord(26, 1_800_000_100.0, "records", {E0: (96, 99), E2: (30, 41)}, 14, 2, 0.25),
         {"deserialize": 1, "coerce": 1},
     )
-    status_board.committed(CommitRecord(27, 1_800_000_200.0, "latency", {2: (42, 42)}, 0, 1, 0.01), {"coerce": 1})
+    status_board.committed(CommitRecord(27, 1_800_000_200.0, "latency", {E2: (42, 42)}, 0, 1, 0.01), {"coerce": 1})
 
 
 def test_status_json_has_partitions_commits_and_dead_letters(served: tuple[StatusBoard, Clock, str]) -> None:
@@ -162,7 +167,7 @@ def test_status_page_is_self_contained_and_shows_the_state(served: tuple[StatusB
 def test_the_page_escapes_what_it_shows() -> None:
     clock = Clock()
     status_board = board(clock, topic="<b>t</b>")
-    status_board.partitions({0: 1}, {}, {}, 0)
+    status_board.partitions({E0: 1}, {}, {}, 0)
     page = render_page(status_board.snapshot())
     assert "<b>t</b>" not in page and "&lt;b&gt;t&lt;/b&gt;" in page
 
@@ -191,7 +196,11 @@ class TimedSource(FakeSource):
 def timed_batch(partition: int, first: int, payloads: list[bytes]) -> ConsumedBatch:
     offsets = list(range(first, first + len(payloads)))
     return ConsumedBatch(
-        partitions={partition: PartitionMessages("t", partition, offsets, list(payloads), [0] * len(payloads))}
+        partitions={
+            TopicPartition("t", partition): PartitionMessages(
+                "t", partition, offsets, list(payloads), [0] * len(payloads)
+            )
+        }
     )
 
 
@@ -205,7 +214,7 @@ def test_a_loop_run_feeds_the_snapshot_and_the_metrics(tmp_path: Path) -> None:
     p0 = [*good[:3], b"{broken", b"", *good[3:5]]  # offsets 0..6: 5 rows, 1 dead letter, 1 empty
     p1 = [good[5], b'{"id": null}', good[6], good[7]]  # offsets 0..3: 3 rows, 1 coerce dead letter
     source = TimedSource([timed_batch(0, 0, p0), timed_batch(1, 0, p1)], [0, 1], high=7)
-    writer = DeltaWriter.open(str(tmp_path / "t"), {}, "t", "snappy", 10, SCHEMA)
+    writer = DeltaWriter.open(str(tmp_path / "t"), {}, TxnIds().main, "snappy", 10, SCHEMA)
     ingestor, metrics = make(tmp_path, source, writer, RecordingDeadLetters(tmp_path))
     ingestor.run(until_caught_up=True)
 
@@ -216,7 +225,7 @@ def test_a_loop_run_feeds_the_snapshot_and_the_metrics(tmp_path: Path) -> None:
     assert by_partition[0].committed_offset == 6 and by_partition[0].lag == 0
     assert by_partition[1].committed_offset == 3 and by_partition[1].lag == 3  # high 7, 4 taken
     assert status.commits and status.commits[0].rows == 8 and status.commits[0].dead_letters == 2
-    assert dict(status.commits[0].offsets) == {0: (0, 6), 1: (0, 3)}
+    assert dict(status.commits[0].offsets) == {TopicPartition("t", 0): (0, 6), TopicPartition("t", 1): (0, 3)}
     assert dict(status.dead_letters_by_stage) == {"coerce": 1, "deserialize": 1}
     assert status.readiness()[0] is False  # stopped
 
@@ -225,12 +234,13 @@ def test_a_loop_run_feeds_the_snapshot_and_the_metrics(tmp_path: Path) -> None:
     assert sample(metrics, "kafka2delta_messages_failed_total", topic="t", stage="deserialize") == 1
     assert sample(metrics, "kafka2delta_messages_failed_total", topic="t", stage="coerce") == 1
     assert sample(metrics, "kafka2delta_messages_dead_lettered_total", topic="t", stage="coerce") == 1
-    assert sample(metrics, "kafka2delta_rows_written_total", topic="t", partition="1") == 3
-    assert sample(metrics, "kafka2delta_rows_per_commit_sum", topic="t") == 8
-    assert sample(metrics, "kafka2delta_end_to_end_latency_seconds_count", topic="t") == 8
-    assert sample(metrics, "kafka2delta_end_to_end_latency_seconds_bucket", topic="t", le="1.0") == 0
-    assert sample(metrics, "kafka2delta_end_to_end_latency_seconds_bucket", topic="t", le="5.0") == 8
+    table = str(tmp_path / "t")
+    assert sample(metrics, "kafka2delta_rows_written_total", topic="t", partition="1", table=table) == 3
+    assert sample(metrics, "kafka2delta_rows_per_commit_sum", table=table) == 8
+    assert sample(metrics, "kafka2delta_end_to_end_latency_seconds_count", topic="t", table=table) == 8
+    assert sample(metrics, "kafka2delta_end_to_end_latency_seconds_bucket", topic="t", table=table, le="1.0") == 0
+    assert sample(metrics, "kafka2delta_end_to_end_latency_seconds_bucket", topic="t", table=table, le="5.0") == 8
     assert sample(metrics, "kafka2delta_consumer_lag", topic="t", partition="1") == 3
-    assert sample(metrics, "kafka2delta_last_committed_version") == status.table_version
-    assert sample(metrics, "kafka2delta_file_size_bytes_count", topic="t") == 2
+    assert sample(metrics, "kafka2delta_last_committed_version", table=table) == status.table_version
+    assert sample(metrics, "kafka2delta_file_size_bytes_count", table=table) == 2
     assert sample(metrics, "kafka2delta_buffered_bytes") == 0

@@ -1,16 +1,19 @@
 import pyarrow as pa
 
-from kafka2delta.records import ProcessedPartition
-from kafka2delta.value_buffers import FlushLimits, ValueBuffers
+from kafka2delta.records import ProcessedPartition, TopicPartition
+from kafka2delta.value_buffers import Due, FlushLimits, ValueBuffers
 
+T0, T1 = TopicPartition("t", 0), TopicPartition("t", 1)
+A0, B0 = TopicPartition("a", 0), TopicPartition("b", 0)
 LIMITS = FlushLimits(
     allowed_latency_s=2.0, max_messages_per_file=100, min_bytes_per_file=10_000, max_buffered_bytes=15_000
 )
 
 
-def processed(partition: int, first: int, last: int, rows: int) -> ProcessedPartition:
+def processed(partition: int, first: int, last: int, rows: int, topic: str = "t") -> ProcessedPartition:
     table = pa.table({"n": pa.array(range(rows), pa.int64())})
     return ProcessedPartition(
+        topic=topic,
         partition=partition,
         rows=table,
         row_offsets=list(range(first, first + rows)),
@@ -22,44 +25,85 @@ def processed(partition: int, first: int, last: int, rows: int) -> ProcessedPart
 
 def test_latency_limit() -> None:
     buffers = ValueBuffers(LIMITS)
-    assert buffers.flush_reason(0.0) is None
-    buffers.add(processed(0, 0, 9, 10), 10, now=100.0)
-    assert buffers.flush_reason(101.9) is None
+    assert buffers.due(0.0) is None
+    buffers.add(processed(0, 0, 9, 10), 10, now=100.0, table="/t")
+    assert buffers.due(101.9) is None
     assert buffers.seconds_until_due(101.0) == 1.0
-    assert buffers.flush_reason(102.0) == "latency"
+    assert buffers.due(102.0) == Due("latency", frozenset({"/t"}))
 
 
 def test_records_limit_counts_messages_not_rows() -> None:
     buffers = ValueBuffers(LIMITS)
-    buffers.add(processed(0, 0, 99, 0), 100, now=0.0)  # all dead letters: still a full batch
-    assert buffers.flush_reason(0.0) == "records"
+    buffers.add(processed(0, 0, 99, 0), 100, now=0.0, table="/t")  # all dead letters: still a full batch
+    assert buffers.due(0.0) == Due("records", frozenset({"/t"}))
 
 
 def test_bytes_limits() -> None:
     buffers = ValueBuffers(LIMITS)
-    buffers.add(processed(0, 0, 49, 1300), 50, now=0.0)  # 10,400 bytes of int64
-    assert buffers.flush_reason(0.0) == "bytes"
+    buffers.add(processed(0, 0, 49, 1300), 50, now=0.0, table="/t")  # 10,400 bytes of int64
+    assert buffers.due(0.0) == Due("bytes", frozenset({"/t"}))
     buffers = ValueBuffers(LIMITS)
-    buffers.add(processed(0, 0, 9, 1000), 10, now=0.0)
-    buffers.add(processed(1, 0, 9, 1000), 10, now=0.0)
-    assert buffers.flush_reason(0.0) == "buffer_bytes"
+    buffers.add(processed(0, 0, 9, 1000), 10, now=0.0, table="/t")
+    buffers.add(processed(1, 0, 9, 1000), 10, now=0.0, table="/t")
+    assert buffers.due(0.0) == Due("buffer_bytes", frozenset({"/t"}))
+
+
+def test_due_per_table_not_every_buffer() -> None:
+    """A full file or a late partition makes its own table due; the other tables keep buffering."""
+    buffers = ValueBuffers(LIMITS)
+    buffers.add(processed(0, 0, 99, 10, topic="a"), 100, now=0.0, table="/a")
+    buffers.add(processed(0, 0, 9, 10, topic="b"), 10, now=0.0, table="/b")
+    assert buffers.due(0.0) == Due("records", frozenset({"/a"}))
+    assert buffers.take(frozenset({"/a"})).keys() == {"/a"}
+    assert buffers.due(1.0) is None
+    buffers.add(processed(0, 100, 109, 10, topic="a"), 10, now=1.5, table="/a")
+    assert buffers.due(2.0) == Due("latency", frozenset({"/b"}))  # /a's new buffer is only 0.5 s old
+
+
+def test_global_bound_flushes_the_largest_tables_until_half_is_left() -> None:
+    limits = FlushLimits(
+        allowed_latency_s=60, max_messages_per_file=10_000, min_bytes_per_file=1_000_000, max_buffered_bytes=20_000
+    )
+    buffers = ValueBuffers(limits)
+    buffers.add(processed(0, 0, 999, 1000, topic="a"), 1000, now=0.0, table="/a")  # 8,000 bytes
+    buffers.add(processed(0, 0, 699, 700, topic="b"), 700, now=0.0, table="/b")  # 5,600
+    buffers.add(processed(0, 0, 599, 600, topic="c"), 600, now=0.0, table="/c")  # 4,800
+    assert buffers.due(0.0) is None  # 18,400 < 20,000
+    buffers.add(processed(1, 0, 299, 300, topic="c"), 300, now=0.0, table="/c")  # /c: 7,200; 20,800 in all
+    # Largest first: /a (8,000) leaves 12,800, /c (7,200) leaves 5,600 < 10,000: /b keeps its buffer.
+    assert buffers.due(0.0) == Due("buffer_bytes", frozenset({"/a", "/c"}))
+
+
+def test_lanes_of_one_partition() -> None:
+    """A partition split across tables (routing by expression) has a lane per table; each lane covers every
+    message of the partition, so a message is counted once and the room is the fullest lane's."""
+    buffers = ValueBuffers(LIMITS)
+    buffers.add(processed(0, 0, 59, 40), 60, now=0.0, table="/x")
+    buffers.add(processed(0, 0, 59, 20), 60, now=0.0, table="/y")
+    assert buffers.room(T0) == 40
+    assert buffers.buffered_messages == 60
+    assert buffers.tables_of(T0) == {"/x", "/y"}
+    assert buffers.partitions() == [T0]
+    taken = buffers.take(partitions={T0})
+    assert {uri: lanes[T0].rows for uri, lanes in taken.items()} == {"/x": 40, "/y": 20}
+    assert not buffers
 
 
 def test_take_and_offsets() -> None:
     buffers = ValueBuffers(LIMITS)
-    buffers.add(processed(0, 0, 4, 5), 5, now=0.0)
-    buffers.add(processed(0, 5, 9, 0), 5, now=1.0)
-    buffers.add(processed(1, 30, 31, 2), 2, now=1.0)
-    taken = buffers.take({0})
-    assert list(taken) == [0]
-    assert (taken[0].first_offset, taken[0].last_offset, taken[0].messages, taken[0].rows) == (0, 9, 10, 5)
-    assert 1 in buffers and 0 not in buffers
-    assert buffers.take().keys() == {1}
+    buffers.add(processed(0, 0, 4, 5), 5, now=0.0, table="/t")
+    buffers.add(processed(0, 5, 9, 0), 5, now=1.0, table="/t")
+    buffers.add(processed(1, 30, 31, 2), 2, now=1.0, table="/t")
+    taken = buffers.take(partitions={T0})["/t"]
+    assert list(taken) == [T0]
+    assert (taken[T0].first_offset, taken[T0].last_offset, taken[T0].messages, taken[T0].rows) == (0, 9, 10, 5)
+    assert T1 in buffers and T0 not in buffers
+    assert buffers.take()["/t"].keys() == {T1}
     assert not buffers
 
 
 def test_room_until_the_file_is_full() -> None:
     buffers = ValueBuffers(LIMITS)
-    assert buffers.room(0) == 100
-    buffers.add(processed(0, 0, 59, 60), 60, now=0.0)
-    assert buffers.room(0) == 40 and buffers.room(1) == 100
+    assert buffers.room(T0) == 100
+    buffers.add(processed(0, 0, 59, 60), 60, now=0.0, table="/t")
+    assert buffers.room(T0) == 40 and buffers.room(T1) == 100

@@ -10,15 +10,18 @@ from deltalake import DeltaTable, Field
 from deltalake.schema import PrimitiveType
 
 from kafka2delta.errors import CommitConflict, ConfigError, RowsRejected, SchemaChanged
-from kafka2delta.records import OffsetRange
+from kafka2delta.offsets import TxnIds
+from kafka2delta.records import OffsetRange, TopicPartition
 from kafka2delta.schema import parse_schema
 from kafka2delta.writer import DeltaWriter
+
+P0, P1 = TopicPartition("e", 0), TopicPartition("e", 1)
 
 SCHEMA = parse_schema({"id": "string not null", "country": "string", "ts": "timestamp"})
 
 
 def open_writer(uri: Path, partition_by: tuple[str, ...] = (), interval: int = 10) -> DeltaWriter:
-    return DeltaWriter.open(str(uri), {}, "app", "snappy", interval, SCHEMA, partition_by)
+    return DeltaWriter.open(str(uri), {}, TxnIds("app").main, "snappy", interval, SCHEMA, partition_by)
 
 
 def rows(ids: list[str], country: str | None = "FR") -> pa.Table:
@@ -30,10 +33,10 @@ def rows(ids: list[str], country: str | None = "FR") -> pa.Table:
 
 def test_creates_table_and_commits_files_with_offsets(tmp_path: Path) -> None:
     writer = open_writer(tmp_path / "t")
-    assert writer.committed_offsets([0, 1]) == {0: None, 1: None}
-    files = writer.write_files("events", 0, OffsetRange(0, 2), rows(["a", "b", "c"]))
+    assert writer.committed_offsets([P0, P1]) == {P0: None, P1: None}
+    files = writer.write_files(TopicPartition("events", 0), OffsetRange(0, 2), rows(["a", "b", "c"]))
     assert files[0].path.startswith("events-0-0-2-")
-    version = writer.commit(files, {0: None, 1: None}, {0: 2, 1: 9}, {"topic": "events"})
+    version = writer.commit(files, {P0: None, P1: None}, {P0: 2, P1: 9}, {"topic": "events"})
     table = DeltaTable(str(tmp_path / "t"))
     assert version == table.version() == 1
     assert table.transaction_version("app-0") == 2
@@ -46,24 +49,24 @@ def test_creates_table_and_commits_files_with_offsets(tmp_path: Path) -> None:
 
 def test_missing_table_without_schema_names_the_key(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"table\.schema"):
-        DeltaWriter.open(str(tmp_path / "none"), {}, "app", "snappy", 10, None)
+        DeltaWriter.open(str(tmp_path / "none"), {}, TxnIds("app").main, "snappy", 10, None)
 
 
 def test_zombie_writer_cannot_commit_a_moved_partition(tmp_path: Path) -> None:
     first, zombie = open_writer(tmp_path / "t"), open_writer(tmp_path / "t")
-    first.commit(first.write_files("e", 0, OffsetRange(0, 9), rows(["a"])), {0: None}, {0: 9}, {})
-    files = zombie.write_files("e", 0, OffsetRange(0, 9), rows(["a-again"]))
+    first.commit(first.write_files(TopicPartition("e", 0), OffsetRange(0, 9), rows(["a"])), {P0: None}, {P0: 9}, {})
+    files = zombie.write_files(TopicPartition("e", 0), OffsetRange(0, 9), rows(["a-again"]))
     with pytest.raises(CommitConflict) as raised:
-        zombie.commit(files, {0: None}, {0: 9}, {})
-    assert raised.value.partitions == {0: 9}
+        zombie.commit(files, {P0: None}, {P0: 9}, {})
+    assert raised.value.partitions == {P0: 9}
     table = DeltaTable(str(tmp_path / "t"))
     assert table.to_pyarrow_table().column("id").to_pylist() == ["a"]
 
 
 def test_writers_of_different_partitions_both_commit(tmp_path: Path) -> None:
     one, two = open_writer(tmp_path / "t"), open_writer(tmp_path / "t")
-    one.commit(one.write_files("e", 0, OffsetRange(0, 0), rows(["p0"])), {0: None}, {0: 0}, {})
-    two.commit(two.write_files("e", 1, OffsetRange(0, 0), rows(["p1"])), {1: None}, {1: 0}, {})
+    one.commit(one.write_files(TopicPartition("e", 0), OffsetRange(0, 0), rows(["p0"])), {P0: None}, {P0: 0}, {})
+    two.commit(two.write_files(TopicPartition("e", 1), OffsetRange(0, 0), rows(["p1"])), {P1: None}, {P1: 0}, {})
     table = DeltaTable(str(tmp_path / "t"))
     assert sorted(table.to_pyarrow_table().column("id").to_pylist()) == ["p0", "p1"]
 
@@ -71,10 +74,10 @@ def test_writers_of_different_partitions_both_commit(tmp_path: Path) -> None:
 def test_partitioned_table_and_checkpoints(tmp_path: Path) -> None:
     writer = open_writer(tmp_path / "t", partition_by=("country",), interval=2)
     mixed = pa.concat_tables([rows(["a", "b"], "FR"), rows(["c"], "a/b c"), rows(["d"], None)])
-    files = writer.write_files("e", 0, OffsetRange(0, 3), mixed)
+    files = writer.write_files(TopicPartition("e", 0), OffsetRange(0, 3), mixed)
     assert len(files) == 3
-    writer.commit(files, {0: None}, {0: 3}, {})
-    writer.commit([], {0: 3}, {0: 4}, {})
+    writer.commit(files, {P0: None}, {P0: 3}, {})
+    writer.commit([], {P0: 3}, {P0: 4}, {})
     table = DeltaTable(str(tmp_path / "t"))
     assert table.metadata().partition_columns == ["country"]
     result = {r["id"]: r["country"] for r in table.to_pyarrow_table().to_pylist()}
@@ -84,12 +87,12 @@ def test_partitioned_table_and_checkpoints(tmp_path: Path) -> None:
 
 def test_evolution_commit_adds_columns_files_and_txns_at_once(tmp_path: Path) -> None:
     writer = open_writer(tmp_path / "t")
-    writer.commit(writer.write_files("e", 0, OffsetRange(0, 0), rows(["a"])), {0: None}, {0: 0}, {})
+    writer.commit(writer.write_files(TopicPartition("e", 0), OffsetRange(0, 0), rows(["a"])), {P0: None}, {P0: 0}, {})
     wider = pa.schema([*SCHEMA, pa.field("color", pa.string())])
     new_rows = pa.table(
         {"id": ["b"], "country": ["FR"], "ts": pa.array([None], SCHEMA.field("ts").type), "color": ["red"]}
     )
-    version = writer.commit_evolution(new_rows.cast(wider), {0: 0}, {0: 1}, {"added_columns": ["color"]})
+    version = writer.commit_evolution(new_rows.cast(wider), {P0: 0}, {P0: 1}, {"added_columns": ["color"]})
     table = DeltaTable(str(tmp_path / "t"))
     assert version == table.version() == 2
     assert pa.schema(table.schema().to_arrow()).names == ["id", "country", "ts", "color"]
@@ -102,10 +105,10 @@ def test_evolution_commit_adds_columns_files_and_txns_at_once(tmp_path: Path) ->
 
 def test_a_schema_changed_by_another_writer_is_never_committed_over(tmp_path: Path) -> None:
     writer = open_writer(tmp_path / "t")
-    files = writer.write_files("e", 0, OffsetRange(0, 0), rows(["a"]))
+    files = writer.write_files(TopicPartition("e", 0), OffsetRange(0, 0), rows(["a"]))
     DeltaTable(str(tmp_path / "t")).alter.add_columns([Field("x", PrimitiveType("string"), nullable=True)])
     with pytest.raises(SchemaChanged) as raised:
-        writer.commit(files, {0: None}, {0: 0}, {})
+        writer.commit(files, {P0: None}, {P0: 0}, {})
     assert raised.value.schema.names == ["id", "country", "ts", "x"]
     assert DeltaTable(str(tmp_path / "t")).transaction_version("app-0") is None
 
@@ -121,7 +124,7 @@ def test_rows_parquet_refuses_are_named_and_nothing_is_written(tmp_path: Path, m
 
     monkeypatch.setattr(pq, "write_table", picky)
     with pytest.raises(RowsRejected) as raised:
-        writer.write_files("e", 0, OffsetRange(0, 3), rows(["a", "poison", "b", "c"]))
+        writer.write_files(TopicPartition("e", 0), OffsetRange(0, 3), rows(["a", "poison", "b", "c"]))
     assert [index for index, _ in raised.value.failures] == [1]
     assert "cannot write poison" in str(raised.value.failures[0][1])
 

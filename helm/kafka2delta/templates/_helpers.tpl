@@ -81,7 +81,7 @@ app.kubernetes.io/part-of: kafka2delta
      kafka.settings and table.storage_options take one more level (K2D_KAFKA__SETTINGS__SASL_MECHANISMS for
      the librdkafka key sasl.mechanisms; K2D_TABLE__STORAGE_OPTIONS__AWS_REGION as written); other mappings
      (table.schema, coercions.epoch_units) become one JSON object; `transforms:` (an ordered list) becomes
-     K2D_TRANSFORMS. metrics.host/port come from values `metrics:`. Empty values are left out. */}}
+     K2D_TRANSFORMS, `routes:` (an ordered list) K2D_ROUTES. metrics.host/port come from values `metrics:`. Empty values are left out. */}}
 {{- define "kafka2delta.configData" -}}
 {{- $data := dict }}
 {{- range $section, $values := .Values.config }}
@@ -115,6 +115,9 @@ app.kubernetes.io/part-of: kafka2delta
 {{- $pairs = append $pairs (printf "%s: %s" (toJson (required "transforms[].target" .target)) (toJson (required "transforms[].expression" .expression))) }}
 {{- end }}
 {{- $_ := set $data "K2D_TRANSFORMS" (printf "{%s}" (join ", " $pairs)) }}
+{{- end }}
+{{- if .Values.routes }}
+{{- $_ := set $data "K2D_ROUTES" (toJson .Values.routes) }}
 {{- end }}
 {{- $_ := set $data "K2D_METRICS__HOST" "0.0.0.0" }}
 {{- $_ := set $data "K2D_METRICS__PORT" (include "kafka2delta.envValue" .Values.metrics.port) }}

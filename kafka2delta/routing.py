@@ -1,0 +1,148 @@
+"""Which table each topic's messages go to (pure): the ``[[routes]]``, then ``[table]``, resolved per topic.
+
+A route takes a topic by name or pattern (the first route that matches wins; ``[table]``, when it has a
+URI, takes every other subscribed topic). Its table URI may hold ``{topic}``: a topic name is always a
+safe path segment (Kafka allows only ASCII letters, digits, ``.``, ``_`` and ``-``, and neither ``.`` nor
+``..``), so the name is used as it is. With ``[routing] expression`` the routes are chosen per message
+instead: the expression's value is a route's ``name``, among the routes that match the message's topic.
+
+A table's txn ids name the topic whenever more than one topic can write the table
+(:class:`kafka2delta.offsets.TxnIds`): a URI without ``{topic}`` reached by a pattern, by several routes,
+by the routes of an expression, or by ``[table]`` under a multi-topic subscription.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from kafka2delta.config import METADATA_COLUMNS, TOPIC_PLACEHOLDER, Config, RouteConfig
+from kafka2delta.errors import ConfigError
+from kafka2delta.offsets import TxnIds
+
+
+@dataclass(frozen=True, kw_only=True)
+class TableSpec:
+    """One table as the routes resolve it for a topic: where it is, how it is made, how it names its txns."""
+
+    name: str
+    """The ``table`` label of metrics and status: the route's name, or the table URI."""
+    uri: str
+    txn_ids: TxnIds
+    columns: Mapping[str, str]
+    """The columns a new table gets (with the metadata columns); empty: the first batch's (see README "Routing")."""
+    partition_by: tuple[str, ...]
+    schema_evolution: str
+    metadata_columns: tuple[str, ...]
+    route: str
+    """The route's key in the config (``routes[2]``, or ``table``), for errors."""
+
+
+@dataclass(frozen=True)
+class _Route:
+    key: str
+    config: RouteConfig
+    pattern: re.Pattern[str] | None
+    multi_topic: bool
+
+    def takes(self, topic: str) -> bool:
+        if self.config.topic:
+            return topic == self.config.topic
+        return self.pattern is None or self.pattern.search(topic) is not None
+
+
+class Routes:
+    def __init__(self, config: Config) -> None:
+        self._config = config
+        table = config.table
+        declared = [(f"routes[{i}]", route) for i, route in enumerate(config.routes)]
+        if table.uri:
+            # [table] takes every subscribed topic the routes do not take.
+            declared.append(("table", RouteConfig(uri=table.uri, app_id=table.app_id)))
+        # A table (a URI without {topic}) more than one topic can reach: by several routes, or by one route
+        # that takes several topics. A daemon of one topic keeps today's ids whatever the routes say.
+        uris = Counter(self._uri(route) for _, route in declared if TOPIC_PLACEHOLDER not in self._uri(route))
+        one_topic_daemon = bool(config.kafka.topic)
+        routes = []
+        for key, route in declared:
+            uri = self._uri(route)
+            shared = TOPIC_PLACEHOLDER not in uri and (uris[uri] > 1 or not route.topic)
+            pattern = re.compile(route.topic_pattern) if route.topic_pattern else None
+            routes.append(_Route(key, route, pattern, shared and not one_topic_daemon))
+        self._routes = routes
+        self._check_app_ids()
+
+    def table_for(self, topic: str) -> TableSpec:
+        """The table of ``topic`` (routing by topic); ConfigError naming ``routes`` when no route takes it."""
+        for route in self._routes:
+            if route.takes(topic):
+                return self._spec(route, topic)
+        raise ConfigError("routes", f"no route takes topic {topic!r} (and table.uri is empty)")
+
+    def tables_by_name(self, topic: str) -> dict[str, TableSpec]:
+        """With ``[routing] expression``: the tables a message of ``topic`` may name, by route name."""
+        return {
+            route.config.name: self._spec(route, topic)
+            for route in self._routes
+            if route.config.name and route.takes(topic)
+        }
+
+    def dead_letter_prefix(self, topic: str) -> str:
+        """The app id of ``topic``'s dead letters (the ``app_id`` column, and the dead-letter txn ids)."""
+        return self.dead_letter_txn_ids(topic).prefix(topic)
+
+    def dead_letter_app_ids(self, topic: str) -> tuple[str, ...]:
+        """Every ``app_id`` ``topic``'s dead letters carry (see :meth:`TxnIds.app_ids`)."""
+        return self.dead_letter_txn_ids(topic).app_ids(topic)
+
+    def dead_letter_txn_ids(self, topic: str) -> TxnIds:
+        """How ``topic``'s dead letters name their txns: as its first matching route's table does, so they
+        stay the same for every message of the topic."""
+        for route in self._routes:
+            if route.takes(topic):
+                return self._txn_ids(route)
+        return TxnIds()
+
+    # --- resolving --------------------------------------------------------------------------
+
+    def _uri(self, route: RouteConfig) -> str:
+        return route.uri or self._config.table.uri
+
+    def _txn_ids(self, route: _Route) -> TxnIds:
+        return TxnIds(route.config.app_id or self._config.table.app_id, route.multi_topic)
+
+    def _spec(self, route: _Route, topic: str) -> TableSpec:
+        table, config = self._config.table, route.config
+        uri = self._uri(config).replace(TOPIC_PLACEHOLDER, topic)
+        metadata = config.metadata_columns or table.metadata_columns
+        columns = dict(config.schema or table.schema)
+        if columns:
+            for name in metadata:
+                columns.setdefault(f"kafka_{name}", METADATA_COLUMNS[name])
+        return TableSpec(
+            name=config.name or uri,
+            uri=uri,
+            txn_ids=self._txn_ids(route),
+            columns=columns,
+            partition_by=config.partition_by or table.partition_by,
+            schema_evolution=config.schema_evolution or table.schema_evolution,
+            metadata_columns=metadata,
+            route=route.key,
+        )
+
+    def _check_app_ids(self) -> None:
+        """Two routes writing one table must name its txns the same way."""
+        seen: dict[str, tuple[str, str]] = {}
+        for route in self._routes:
+            uri = self._uri(route.config)
+            if TOPIC_PLACEHOLDER in uri:
+                continue
+            app_id = route.config.app_id or self._config.table.app_id
+            earlier = seen.setdefault(uri, (route.key, app_id))
+            if earlier[1] != app_id:
+                raise ConfigError(
+                    f"{route.key}.app_id",
+                    f"{app_id!r} differs from {earlier[0]}'s {earlier[1]!r}, which writes the same table {uri}",
+                )

@@ -1,0 +1,143 @@
+"""The tables one daemon writes, each with what changes together with it: its writer, its pipeline (fitted to
+its schema), its committer and, with ``[coordinator] join_ingest``, its coordinator. A table is opened the
+first time a partition routed to it is assigned, through the :data:`TableOpener` the CLI wires up (the
+real Delta table) or a test provides (fakes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from kafka2delta.committer import Committer
+from kafka2delta.coordinator import Coordinator
+from kafka2delta.edges import DeadLetterProducer, DeadLetterStore, TableWriter
+from kafka2delta.metrics import Metrics
+from kafka2delta.pipeline import Pipeline
+from kafka2delta.retries import Retrier
+from kafka2delta.routing import Routes, TableSpec
+from kafka2delta.status import StatusBoard
+
+
+@dataclass(kw_only=True)
+class OpenedTable:
+    """What opening a table gives: the edge to it, its stages, and its coordinator if it joins one."""
+
+    writer: TableWriter
+    pipeline: Pipeline
+    coordinator: Coordinator | None = None
+
+
+TableOpener = Callable[[TableSpec], OpenedTable]
+RouterOpener = Callable[[], Pipeline]
+"""Builds the route stage's pipeline (:mod:`kafka2delta.splitting`), with ``[routing] expression``."""
+
+
+@dataclass(kw_only=True)
+class TableSink:
+    spec: TableSpec
+    writer: TableWriter
+    pipeline: Pipeline
+    committer: Committer
+    coordinator: Coordinator | None
+    next_idle_turn: float = 0.0
+    """When to register the next empty coordinator turn (monotonic seconds)."""
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
+@dataclass(kw_only=True)
+class TopicTables:
+    """Where one topic's messages go: its home table (its first route's), and with ``[routing] expression``
+    the router and the table of each route it may name."""
+
+    home: TableSink
+    router: Pipeline | None = None
+    by_route: dict[str, TableSink]
+    """Route name → table (empty when routing by topic)."""
+
+    @property
+    def uris(self) -> list[str]:
+        """Every table the topic's messages can go to, the home table first."""
+        return [self.home.spec.uri, *sorted({t.spec.uri for t in self.by_route.values()} - {self.home.spec.uri})]
+
+
+class Tables:
+    """The open tables, by URI; a topic's tables are opened on first use."""
+
+    def __init__(
+        self,
+        *,
+        routes: Routes,
+        opener: TableOpener,
+        dead_letters: DeadLetterStore,
+        dead_letter_topic: DeadLetterProducer | None,
+        metrics: Metrics,
+        retrier: Retrier,
+        board: StatusBoard,
+        clock: Callable[[], float],
+        router: RouterOpener | None = None,
+    ) -> None:
+        self._routes = routes
+        self._router = router
+        self._routers: dict[str, TopicTables] = {}
+        self._opener = opener
+        self._dead_letters = dead_letters
+        self._dead_letter_topic = dead_letter_topic
+        self._metrics = metrics
+        self._retrier = retrier
+        self._board = board
+        self._clock = clock
+        self._sinks: dict[str, TableSink] = {}
+
+    def for_topic(self, topic: str) -> TopicTables:
+        """The tables of ``topic``, opened if they are not yet."""
+        known = self._routers.get(topic)
+        if known is not None:
+            return known
+        home = self._open(self._routes.table_for(topic), topic)
+        if self._router is None:
+            tables = TopicTables(home=home, by_route={})
+        else:
+            by_route = {name: self._open(spec, topic) for name, spec in self._routes.tables_by_name(topic).items()}
+            tables = TopicTables(home=home, router=self._router(), by_route=by_route)
+        self._routers[topic] = tables
+        return tables
+
+    def _open(self, spec: TableSpec, topic: str) -> TableSink:
+        sink = self._sinks.get(spec.uri)
+        if sink is None:
+            opened = self._retrier.run(f"opening table {spec.uri}", lambda: self._opener(spec))
+            sink = self._sinks[spec.uri] = TableSink(
+                spec=spec,
+                writer=opened.writer,
+                pipeline=opened.pipeline,
+                committer=Committer(
+                    app_id=spec.txn_ids.app_id or (topic if not spec.txn_ids.multi_topic else ""),
+                    multi_topic=spec.txn_ids.multi_topic,
+                    name=spec.name,
+                    writer=opened.writer,
+                    dead_letters=self._dead_letters,
+                    dead_letter_topic=self._dead_letter_topic,
+                    pipeline=opened.pipeline,
+                    metrics=self._metrics,
+                    retrier=self._retrier,
+                    clock=self._clock,
+                ),
+                coordinator=opened.coordinator,
+            )
+            self._board.table_opened(spec.name, spec.uri, opened.writer.version)
+        return sink
+
+    def __getitem__(self, uri: str) -> TableSink:
+        return self._sinks[uri]
+
+    def __iter__(self) -> Iterator[TableSink]:
+        return iter(self._sinks.values())
+
+    def close(self) -> None:
+        for sink in self._sinks.values():
+            if sink.coordinator is not None:
+                sink.coordinator.close()

@@ -1,0 +1,125 @@
+"""Fan-out: one topic split by ``[routing] expression`` into two tables (and unknown routes into dead
+letters), so one partition's flush commits two tables one after the other. SIGKILL between those two
+commits, and random SIGKILLs of two daemons in one group; then ``kafka2delta verify`` (which reads every
+route's table of the topic as one) must find lost 0, duplicated 0, no offset both a row and a dead letter.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+from typing import Any
+
+import pytest
+from deltalake import DeltaTable
+from deltalake.exceptions import TableNotFoundError
+
+from tests.support.chaos import FAST_GROUP, ChaosProducer, ChaosResult, chaos_setup, drain, poisoned, scale, stop
+from tests.support.harness import Setup, event, wait_for
+
+ROUTES = ("click", "purchase")
+UNKNOWN_EVERY = 41  # one message in 41 names a route that does not exist (a dead letter, stage route)
+
+
+def payload(partition: int, seq: int) -> bytes:
+    if seq % UNKNOWN_EVERY == 7:
+        return json.dumps({**json.loads(event(partition, seq)), "type": "refund"}).encode()
+    return poisoned(50)(partition, seq)
+
+
+def fan_out_setup(setup_factory: Any, partitions: int, **ingest: Any) -> Setup:
+    setup = chaos_setup(
+        setup_factory, partitions, table={"metadata_columns": ["topic", "partition", "offset"]}, **ingest
+    )
+    lines = ["[routing]", 'expression = "type"']
+    for name in ROUTES:
+        lines += ["[[routes]]", f'name = "{name}"', f'uri = "{setup.tmp_path / name}"']
+    setup.config_path.write_text(setup.config_path.read_text() + "\n".join(lines) + "\n")
+    return setup
+
+
+def rows(setup: Setup, name: str) -> int:
+    try:
+        return DeltaTable(str(setup.tmp_path / name)).to_pyarrow_table(columns=["id"]).num_rows
+    except TableNotFoundError:  # not created yet
+        return 0
+
+
+def txns(setup: Setup, name: str) -> dict[int, int | None]:
+    table = DeltaTable(str(setup.tmp_path / name))
+    return {p: table.transaction_version(f"{setup.app_id}-{p}") for p in range(setup.topic.partitions)}
+
+
+def verified(setup: Setup, chaos_result: ChaosResult, produced: int) -> dict[str, Any]:
+    """``kafka2delta verify`` over both tables and the dead-letter table; each table holds only its route."""
+    code, report = setup.verify()
+    assert isinstance(report, dict), report
+    figures = {key: report[key] for key in ("lost", "duplicated_total", "in_both_total", "unexpected_total")}
+    assert code == 0 and report["ok"] and set(figures.values()) == {0}, json.dumps(report)[:3000]
+    assert report["produced"] == produced
+    for name in ROUTES:
+        types = set(
+            DeltaTable(str(setup.tmp_path / name)).to_pyarrow_table(columns=["type"]).column("type").to_pylist()
+        )
+        assert types == {name}, f"table {name} holds types {types}"
+    letters = DeltaTable(setup.dead_letter_uri).to_pyarrow_table(columns=["stage"]).column("stage").to_pylist()
+    assert "route" in letters and report["dead_letters"] == len(letters)
+    chaos_result.notes += (
+        f"; verify: produced {report['produced']}, rows {report['rows']} "
+        f"({', '.join(f'{n} {rows(setup, n)}' for n in ROUTES)}), dead letters {report['dead_letters']} "
+        f"({letters.count('route')} unknown routes), lost 0, duplicated 0"
+    )
+    return report
+
+
+@pytest.mark.parametrize("point", ["between_table_commits", "after_delta_commit"])
+def test_kill_between_the_tables_of_one_flush(
+    setup_factory, daemon_factory, chaos_result: ChaosResult, point: str
+) -> None:
+    per_partition = scale(2_000, 50_000)
+    setup = fan_out_setup(setup_factory, 3, max_messages_per_file=scale(400, 5_000), allowed_latency_s=0.5)
+    chaos_result.scenario = f"fan-out by route expression, SIGKILL at `{point}`, restart"
+    half = per_partition // 2
+    setup.topic.produce(half, payload=payload)
+    producer = ChaosProducer(setup.topic, half, start=half, chunk=scale(100, 1_000), payload=payload)
+    crashed = daemon_factory(setup, env={**FAST_GROUP, "K2D_FAULT_INJECT": f"{point}:{scale(3, 6)}"})
+    assert crashed.wait(300) == -9, crashed.log()[-3000:]
+    chaos_result.fault(f"SIGKILL at {point}")
+    if point == "between_table_commits":
+        first, second = txns(setup, ROUTES[0]), txns(setup, ROUTES[1])
+        assert first != second, f"one table should be ahead of the other: {first} vs {second}"
+    restarted = daemon_factory(setup, env=FAST_GROUP)
+    wait_for(lambda: "assigned " in restarted.log(), 120, "the restart's assignment")
+    produced = half * setup.topic.partitions + producer.join()
+    stop(restarted)
+    drain(daemon_factory, setup)
+    verified(setup, chaos_result, produced)
+
+
+def test_fan_out_random_sigkills_two_instances(setup_factory, daemon_factory, chaos_result: ChaosResult) -> None:
+    per_partition = scale(3_000, 100_000)
+    kills = scale(3, 16)
+    seed = int(os.environ.get("K2D_CHAOS_SEED") or random.randrange(1 << 30))
+    rng = random.Random(seed)
+    chaos_result.scenario = "fan-out by route expression, random SIGKILLs, 2 instances in one group, 4 partitions"
+    chaos_result.notes = f"seed {seed}"
+    setup = fan_out_setup(setup_factory, 4, max_messages_per_file=scale(1_000, 10_000), allowed_latency_s=1)
+    producer = ChaosProducer(setup.topic, per_partition, chunk=scale(250, 2_500), pause_s=0.5, payload=payload)
+    daemons = [daemon_factory(setup, env=FAST_GROUP) for _ in range(2)]
+    wait_for(lambda: rows(setup, ROUTES[0]) > 0, 120, "a first commit")
+    for _ in range(kills):
+        time.sleep(rng.uniform(1.0, scale(3, 6)))
+        victim = rng.randrange(2)
+        if daemons[victim].process.poll() is not None:
+            raise AssertionError(f"daemon {victim} exited by itself: {daemons[victim].log()[-3000:]}")
+        daemons[victim].kill()
+        chaos_result.fault("daemon SIGKILL")
+        time.sleep(rng.uniform(0.0, 3.0))
+        daemons[victim] = daemon_factory(setup, env=FAST_GROUP)
+    produced = producer.join()
+    for daemon in daemons:
+        stop(daemon, 300)
+    drain(daemon_factory, setup, timeout=900)
+    verified(setup, chaos_result, produced)

@@ -1,0 +1,155 @@
+"""Routing (pure): which table each topic goes to, how its txns are named, and the config rules that keep
+routes unambiguous."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kafka2delta.config import Config, load_config
+from kafka2delta.errors import ConfigError
+from kafka2delta.records import TopicPartition
+from kafka2delta.routing import Routes
+
+
+def config(**env: str) -> Config:
+    return load_config(None, environ={"K2D_KAFKA__BOOTSTRAP_SERVERS": "b:9092", **env})
+
+
+def test_one_topic_one_table_keeps_todays_ids() -> None:
+    routes = Routes(config(K2D_KAFKA__TOPIC="events", K2D_TABLE__URI="/lake/events"))
+    spec = routes.table_for("events")
+    assert (spec.uri, spec.name, spec.route) == ("/lake/events", "/lake/events", "table")
+    assert spec.txn_ids.main(TopicPartition("events", 3)) == "events-3"
+    assert routes.dead_letter_txn_ids("events").dead_letters(TopicPartition("events", 3)) == "events-dlq-3"
+    explicit = Routes(config(K2D_KAFKA__TOPIC="events", K2D_TABLE__URI="/lake/e", K2D_TABLE__APP_ID="ingest"))
+    assert explicit.table_for("events").txn_ids.main(TopicPartition("events", 3)) == "ingest-3"
+
+
+def test_a_uri_template_gives_each_topic_its_table() -> None:
+    routes = Routes(config(K2D_KAFKA__TOPICS="orders,refunds", K2D_TABLE__URI="s3://lake/raw/{topic}"))
+    orders, refunds = routes.table_for("orders"), routes.table_for("refunds")
+    assert (orders.uri, refunds.uri) == ("s3://lake/raw/orders", "s3://lake/raw/refunds")
+    assert not orders.txn_ids.multi_topic  # one topic per table: the ids stay <topic>-<partition>
+    assert orders.txn_ids.main(TopicPartition("orders", 0)) == "orders-0"
+
+
+def test_one_table_for_several_topics_names_the_topic_in_its_txns() -> None:
+    routes = Routes(config(K2D_KAFKA__TOPICS="orders,refunds", K2D_TABLE__URI="/lake/all", K2D_TABLE__APP_ID="shop"))
+    spec = routes.table_for("refunds")
+    assert spec.txn_ids.multi_topic
+    assert spec.txn_ids.main(TopicPartition("refunds", 1)) == "shop-refunds-1"
+    assert spec.txn_ids.legacy_main(TopicPartition("refunds", 1)) == "shop-1"  # the ids of a one-topic past
+    default = Routes(config(K2D_KAFKA__TOPIC_PATTERN="^cdc\\.", K2D_TABLE__URI="/lake/all"))
+    assert default.table_for("cdc.x").txn_ids.main(TopicPartition("cdc.x", 1)) == "cdc.x-1"
+
+
+def test_routes_first_match_wins_and_table_takes_the_rest() -> None:
+    routes = Routes(
+        config(
+            K2D_KAFKA__TOPIC_PATTERN="^cdc\\.shop\\.",
+            K2D_TABLE__URI="/lake/raw/{topic}",
+            K2D_TABLE__SCHEMA='{"id": "string"}',
+            K2D_TABLE__METADATA_COLUMNS="partition,offset",
+            K2D_ROUTES='[{"name": "orders", "topic": "cdc.shop.orders", "uri": "/lake/orders",'
+            ' "schema": {"id": "long not null", "total": "decimal(10,2)"}, "partition_by": ["id"]},'
+            ' {"name": "audit", "topic_pattern": "\\\\.audit_", "uri": "/lake/audit", "schema_evolution": "merge"}]',
+        )
+    )
+    orders = routes.table_for("cdc.shop.orders")
+    assert (orders.name, orders.uri, orders.partition_by, orders.route) == (
+        "orders",
+        "/lake/orders",
+        ("id",),
+        "routes[0]",
+    )
+    assert dict(orders.columns) == {
+        "id": "long not null",
+        "total": "decimal(10,2)",
+        "kafka_partition": "int",
+        "kafka_offset": "long",
+    }
+    audit = routes.table_for("cdc.shop.audit_2026")
+    assert (audit.name, audit.schema_evolution, audit.txn_ids.multi_topic) == ("audit", "merge", True)
+    rest = routes.table_for("cdc.shop.customers")
+    assert (rest.uri, rest.route, rest.schema_evolution) == ("/lake/raw/cdc.shop.customers", "table", "none")
+
+
+def test_a_topic_no_route_takes_is_a_config_error_naming_routes() -> None:
+    routes = Routes(config(K2D_KAFKA__TOPICS="a,b", K2D_ROUTES='[{"topic": "a", "uri": "/lake/a"}]'))
+    assert routes.table_for("a").uri == "/lake/a"
+    with pytest.raises(ConfigError, match="routes: no route takes topic 'b'"):
+        routes.table_for("b")
+
+
+def test_two_routes_to_one_table_share_it_and_must_agree_on_its_app_id() -> None:
+    shared = '[{"topic": "a", "uri": "/lake/x"}, {"topic": "b", "uri": "/lake/x"}]'
+    routes = Routes(config(K2D_KAFKA__TOPICS="a,b", K2D_ROUTES=shared))
+    assert routes.table_for("a").txn_ids.multi_topic and routes.table_for("b").txn_ids.multi_topic
+    clash = '[{"topic": "a", "uri": "/lake/x", "app_id": "one"}, {"topic": "b", "uri": "/lake/x", "app_id": "two"}]'
+    with pytest.raises(ConfigError, match=r"routes\[1\]\.app_id"):
+        Routes(config(K2D_KAFKA__TOPICS="a,b", K2D_ROUTES=clash))
+
+
+def test_the_default_dead_letter_table_of_a_template_sits_beside_the_topic_tables() -> None:
+    assert config(K2D_KAFKA__TOPICS="a,b", K2D_TABLE__URI="s3://lake/raw/{topic}").dead_letter_table_uri == (
+        "s3://lake/raw/_dead_letters"
+    )
+    assert config(K2D_KAFKA__TOPIC="a", K2D_TABLE__URI="/lake/a").dead_letter_table_uri == "/lake/a_dead_letters"
+
+
+@pytest.mark.parametrize(
+    ("env", "key", "problem"),
+    [
+        ({"K2D_KAFKA__TOPIC": "a", "K2D_KAFKA__TOPICS": "b"}, "kafka.topics", "only one of"),
+        ({"K2D_KAFKA__TOPIC_PATTERN": "(unclosed"}, "kafka.topic_pattern", "not a regular expression"),
+        ({"K2D_KAFKA__TOPICS": "a,a"}, "kafka.topics", "lists a topic twice"),
+        ({"K2D_KAFKA__TOPICS": "a,b c"}, "kafka.topics[1]", "is not a Kafka topic name"),
+        ({"K2D_KAFKA__TOPIC": "a", "K2D_TABLE__URI": "/lake/{stream}"}, "table.uri", "unknown placeholder {stream}"),
+        ({"K2D_KAFKA__TOPICS": "a", "K2D_ROUTES": '[{"uri": "/x"}]'}, "routes[0].topic", "required"),
+        ({"K2D_KAFKA__TOPICS": "a", "K2D_ROUTES": '[{"topic": "z", "uri": "/x"}]'}, "routes[0].topic", "not among"),
+        (
+            {"K2D_KAFKA__TOPICS": "a", "K2D_ROUTES": '[{"topic": "a", "topic_pattern": "a", "uri": "/x"}]'},
+            "routes[0].topic_pattern",
+            "not both",
+        ),
+        ({"K2D_KAFKA__TOPICS": "a", "K2D_ROUTES": '[{"topic": "a"}]'}, "routes[0].uri", "required"),
+        ({"K2D_KAFKA__TOPICS": "a", "K2D_ROUTES": '{"topic": "a"}'}, "routes (from K2D_ROUTES)", "JSON array"),
+        (
+            {"K2D_KAFKA__TOPICS": "a", "K2D_ROUTES": '[{"topic": "a", "uri": "/x", "colour": "red"}]'},
+            "routes[0].colour",
+            "unknown key",
+        ),
+    ],
+)
+def test_route_and_subscription_errors_name_the_key(env: dict[str, str], key: str, problem: str) -> None:
+    env = {"K2D_TABLE__URI": "/lake/t", **env} if "K2D_ROUTES" not in env else env
+    with pytest.raises(ConfigError) as raised:
+        config(**env)
+    assert raised.value.key == key and problem in raised.value.problem
+
+
+def test_routes_from_toml(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text(
+        """
+[kafka]
+bootstrap_servers = "b:9092"
+topics = ["orders", "refunds"]
+
+[[routes]]
+name = "orders"
+topic = "orders"
+uri = "/lake/orders"
+
+[[routes]]
+topic = "refunds"
+uri = "/lake/refunds"
+metadata_columns = ["topic", "partition", "offset"]
+"""
+    )
+    routes = Routes(load_config(path, environ={}))
+    assert routes.table_for("orders").name == "orders"
+    refunds = routes.table_for("refunds")
+    assert (refunds.name, refunds.metadata_columns) == ("/lake/refunds", ("topic", "partition", "offset"))

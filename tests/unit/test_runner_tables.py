@@ -1,0 +1,279 @@
+"""The loop writing several tables (routing by topic): each table exact with its own txns, one table's
+failure leaving the others committed, tables created on first use, and a table of today's one-topic
+configuration that more topics join without a migration. Real local Delta tables, an in-memory source."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from deltalake import DeltaTable
+
+from kafka2delta.cli import build_router, open_dead_letters, open_table
+from kafka2delta.config import Config, load_config
+from kafka2delta.errors import FatalError
+from kafka2delta.metrics import Metrics
+from kafka2delta.records import ConsumedBatch, TopicPartition
+from kafka2delta.routing import Routes, TableSpec
+from kafka2delta.runner import Ingestor
+from kafka2delta.tables import OpenedTable
+from tests.support.runner import TopicsSource, messages_of
+
+A0, A1, B0 = TopicPartition("a", 0), TopicPartition("a", 1), TopicPartition("b", 0)
+
+
+def config(tmp_path: Path, **env: str) -> Config:
+    return load_config(
+        None,
+        environ={
+            "K2D_KAFKA__BOOTSTRAP_SERVERS": "unused:1",
+            "K2D_TABLE__SCHEMA": '{"id": "string not null"}',
+            "K2D_TABLE__METADATA_COLUMNS": "topic,partition,offset",
+            "K2D_DEAD_LETTERS__TABLE_URI": str(tmp_path / "dlq"),
+            "K2D_INGEST__MAX_COMMIT_RETRIES": "3",
+            **env,
+        },
+    )
+
+
+def run(
+    config: Config,
+    source: TopicsSource,
+    opener: Callable[[TableSpec], OpenedTable] | None = None,
+) -> Metrics:
+    routes = Routes(config)
+    metrics = Metrics()
+    ingestor = Ingestor(
+        config,
+        source=source,
+        tables=opener or (lambda spec: open_table(config, spec)),
+        routes=routes,
+        dead_letters=open_dead_letters(config, routes),
+        metrics=metrics,
+        router=(lambda: build_router(config)) if config.routing.expression else None,
+        sleep=lambda seconds: None,
+    )
+    ingestor.run(until_caught_up=True)
+    return metrics
+
+
+def ids(uri: Path) -> list[str]:
+    return sorted(DeltaTable(str(uri)).to_pyarrow_table().column("id").to_pylist())
+
+
+def docs(prefix: str, first: int, count: int) -> list[dict[str, Any]]:
+    return [{"id": f"{prefix}{offset}"} for offset in range(first, first + count)]
+
+
+def batches() -> list[ConsumedBatch]:
+    return [
+        messages_of(A0, 0, docs("a0-", 0, 5)),
+        messages_of(B0, 0, docs("b0-", 0, 3)),
+        messages_of(A1, 0, docs("a1-", 0, 2)),
+    ]
+
+
+def test_each_topic_goes_to_its_table_exactly_once(tmp_path: Path) -> None:
+    cfg = config(tmp_path, K2D_KAFKA__TOPICS="a,b", K2D_TABLE__URI=str(tmp_path / "{topic}"))
+    source = TopicsSource(batches(), {A0: 5, A1: 2, B0: 3})
+    metrics = run(cfg, source)
+
+    assert ids(tmp_path / "a") == sorted([*(f"a0-{o}" for o in range(5)), "a1-0", "a1-1"])
+    assert ids(tmp_path / "b") == ["b0-0", "b0-1", "b0-2"]
+    a, b = DeltaTable(str(tmp_path / "a")), DeltaTable(str(tmp_path / "b"))
+    assert (a.transaction_version("a-0"), a.transaction_version("a-1"), b.transaction_version("b-0")) == (4, 1, 2)
+    assert b.transaction_version("a-0") is None  # a table holds only its own topics' txns
+    assert source.group_offsets == {A0: 5, A1: 2, B0: 3}
+    table_b = str(tmp_path / "b")
+    assert (
+        metrics.registry.get_sample_value(
+            "kafka2delta_rows_written_total", {"topic": "b", "partition": "0", "table": table_b}
+        )
+        == 3
+    )
+    commits = DeltaTable(str(tmp_path / "a")).history()
+    assert {"a": {"0": [0, 4], "1": [0, 1]}} in [c.get("kafka2delta", {}).get("topics") for c in commits]
+
+
+def test_one_tables_failure_leaves_the_others_committed_and_a_restart_exact(tmp_path: Path) -> None:
+    """Table b's commit fails for good (the daemon stops) after table a committed: a crash between two tables'
+    commits. The restart replays from each table's own txns: a is not written twice, b gets its rows."""
+    cfg = config(tmp_path, K2D_KAFKA__TOPICS="a,b", K2D_TABLE__URI=str(tmp_path / "{topic}"))
+
+    def failing_b(spec: TableSpec) -> OpenedTable:
+        opened = open_table(cfg, spec)
+        if spec.uri.endswith("/b"):
+
+            def refuse(*args: Any) -> int:
+                raise FatalError("the storage of b refuses every commit")
+
+            opened.writer.commit = refuse  # type: ignore[method-assign,assignment]
+        return opened
+
+    with pytest.raises(FatalError):
+        run(cfg, TopicsSource(batches(), {A0: 5, A1: 2, B0: 3}), failing_b)
+    assert len(ids(tmp_path / "a")) == 7 and ids(tmp_path / "b") == []
+
+    source = TopicsSource(batches(), {A0: 5, A1: 2, B0: 3})  # the broker serves everything again
+    run(cfg, source)
+    assert source.starts == {A0: 5, A1: 2, B0: source.starts[B0]}  # a resumes after its txns, b from the start
+    assert len(ids(tmp_path / "a")) == 7  # nothing twice
+    assert ids(tmp_path / "b") == ["b0-0", "b0-1", "b0-2"]
+
+
+def test_a_table_without_schema_is_created_from_its_first_rows(tmp_path: Path) -> None:
+    free = tmp_path / "free"
+    cfg = load_config(
+        None,
+        environ={
+            "K2D_KAFKA__BOOTSTRAP_SERVERS": "unused:1",
+            "K2D_KAFKA__TOPICS": "b",
+            "K2D_DEAD_LETTERS__TABLE_URI": str(tmp_path / "dlq"),
+            "K2D_ROUTES": f'[{{"name": "free", "topic": "b", "uri": "{free}", "schema_evolution": "merge",'
+            ' "metadata_columns": ["partition", "offset"]}]',
+        },
+    )
+    documents = [{"id": "x", "n": 1, "tags": ["p", "q"]}, {"id": "y", "n": 2}]
+    run(cfg, TopicsSource([messages_of(B0, 0, documents)], {B0: 2}))
+    table = DeltaTable(str(free))
+    assert set(table.schema().to_arrow().names) == {"id", "n", "tags", "kafka_partition", "kafka_offset"}
+    assert sorted(table.to_pyarrow_table().column("n").to_pylist()) == [1, 2]
+    assert table.transaction_version("b-0") == 1
+
+
+def test_a_json_table_without_schema_needs_merge(tmp_path: Path) -> None:
+    cfg = load_config(
+        None,
+        environ={
+            "K2D_KAFKA__BOOTSTRAP_SERVERS": "unused:1",
+            "K2D_KAFKA__TOPICS": "b",
+            "K2D_DEAD_LETTERS__TABLE_URI": str(tmp_path / "dlq"),
+            "K2D_ROUTES": f'[{{"topic": "b", "uri": "{tmp_path / "free"}"}}]',
+        },
+    )
+    with pytest.raises(Exception, match=r"routes\[0\]\.schema"):
+        run(cfg, TopicsSource([messages_of(B0, 0, [{"id": "x"}])], {B0: 1}))
+
+
+def test_a_one_topic_table_keeps_ingesting_when_more_topics_join_it(tmp_path: Path) -> None:
+    """Yesterday: topic a alone into /all with app id shop (txn shop-0). Today: topics a and b into /all."""
+    uri = str(tmp_path / "all")
+    yesterday = config(tmp_path, K2D_KAFKA__TOPIC="a", K2D_TABLE__URI=uri, K2D_TABLE__APP_ID="shop")
+    run(yesterday, TopicsSource([messages_of(A0, 0, docs("a0-", 0, 4))], {A0: 4}))
+    assert DeltaTable(uri).transaction_version("shop-0") == 3
+
+    today = config(tmp_path, K2D_KAFKA__TOPICS="a,b", K2D_TABLE__URI=uri, K2D_TABLE__APP_ID="shop")
+    source = TopicsSource(
+        [messages_of(A0, 0, docs("a0-", 0, 6)), messages_of(B0, 0, docs("b0-", 0, 2))], {A0: 6, B0: 2}
+    )
+    run(today, source)
+    assert source.starts[A0] == 4  # after yesterday's txn shop-0, no migration step
+    assert ids(tmp_path / "all") == sorted([*(f"a0-{o}" for o in range(6)), "b0-0", "b0-1"])
+    table = DeltaTable(uri)
+    assert (table.transaction_version("shop-a-0"), table.transaction_version("shop-b-0")) == (5, 1)
+
+
+# --- [routing] expression: one partition's messages split across tables ------------------------------
+
+
+def expression_config(tmp_path: Path) -> Config:
+    routes = [
+        {"name": "clicks", "uri": str(tmp_path / "clicks")},
+        {"name": "orders", "uri": str(tmp_path / "orders")},
+    ]
+    return config(
+        tmp_path,
+        K2D_KAFKA__TOPIC="e",
+        K2D_ROUTES=json.dumps(routes),
+        K2D_ROUTING__EXPRESSION="kind",
+    )
+
+
+E0 = TopicPartition("e", 0)
+
+
+def events() -> list[dict[str, Any]]:
+    kinds = ["clicks", "clicks", "orders", "refunds", None, "clicks", "clicks"]
+    return [{"id": f"e{offset}", **({"kind": kind} if kind else {})} for offset, kind in enumerate(kinds)]
+
+
+def dead_letters(tmp_path: Path) -> list[dict[str, Any]]:
+    rows = DeltaTable(str(tmp_path / "dlq")).to_pyarrow_table().to_pylist()
+    return sorted(rows, key=lambda row: row["offset"])
+
+
+def test_an_expression_splits_a_partition_across_tables(tmp_path: Path) -> None:
+    source = TopicsSource([messages_of(E0, 0, events()[:3]), messages_of(E0, 3, events()[3:])], {E0: 7})
+    metrics = run(expression_config(tmp_path), source)
+
+    assert ids(tmp_path / "clicks") == ["e0", "e1", "e5", "e6"]
+    assert ids(tmp_path / "orders") == ["e2"]
+    # Both tables' txns reach the partition's last offset, though the second piece had no order.
+    clicks, orders = DeltaTable(str(tmp_path / "clicks")), DeltaTable(str(tmp_path / "orders"))
+    assert (clicks.transaction_version("e-0"), orders.transaction_version("e-0")) == (6, 6)
+    letters = dead_letters(tmp_path)
+    assert [(row["offset"], row["stage"]) for row in letters] == [(3, "route"), (4, "route")]
+    assert "no route named 'refunds'" in letters[0]["error"] and "clicks, orders" in letters[0]["error"]
+    assert letters[1]["error"] == "the route expression gave no value"
+    assert metrics.registry.get_sample_value("kafka2delta_messages_failed_total", {"topic": "e", "stage": "route"}) == 2
+    assert source.group_offsets == {E0: 7}
+
+
+def test_a_crash_between_two_tables_commits_of_one_partition_leaves_each_exact(tmp_path: Path) -> None:
+    """orders refuses its commit after clicks committed the same partition's offsets: the restart reads again
+    from orders' version; clicks drops what it holds, orders takes its rows, nothing is a dead letter twice."""
+    cfg = expression_config(tmp_path)
+
+    def failing_orders(spec: TableSpec) -> OpenedTable:
+        opened = open_table(cfg, spec)
+        if spec.uri.endswith("/orders"):
+
+            def refuse(*args: Any) -> int:
+                raise FatalError("the storage of orders refuses every commit")
+
+            opened.writer.commit = refuse  # type: ignore[method-assign,assignment]
+        return opened
+
+    first = [messages_of(E0, 0, events()[:3])]  # orders gets one row: its first commit goes first
+    run(cfg, TopicsSource(first, {E0: 3}))
+    assert ids(tmp_path / "orders") == ["e2"]
+    with pytest.raises(FatalError):
+        run(
+            cfg,
+            TopicsSource([messages_of(E0, 3, [*events()[3:], {"id": "e7", "kind": "orders"}])], {E0: 8}),
+            failing_orders,
+        )
+    clicks = DeltaTable(str(tmp_path / "clicks"))
+    assert (clicks.transaction_version("e-0"), DeltaTable(str(tmp_path / "orders")).transaction_version("e-0")) == (
+        7,
+        2,
+    )
+
+    source = TopicsSource([messages_of(E0, 0, [*events(), {"id": "e7", "kind": "orders"}])], {E0: 8})
+    run(cfg, source)
+    assert source.starts == {E0: 3}  # the lower version + 1
+    assert ids(tmp_path / "clicks") == ["e0", "e1", "e5", "e6"]  # nothing twice
+    assert ids(tmp_path / "orders") == ["e2", "e7"]
+    assert [(row["offset"], row["stage"]) for row in dead_letters(tmp_path)] == [(3, "route"), (4, "route")]
+
+
+def test_a_route_added_later_starts_where_the_partition_is(tmp_path: Path) -> None:
+    """Yesterday refunds had no route (dead letters); today it has one: it takes the messages from where the
+    partition's other tables are, not the earlier ones (those are dead letters already)."""
+    run(expression_config(tmp_path), TopicsSource([messages_of(E0, 0, events())], {E0: 7}))
+    routes = [
+        {"name": "clicks", "uri": str(tmp_path / "clicks")},
+        {"name": "orders", "uri": str(tmp_path / "orders")},
+        {"name": "refunds", "uri": str(tmp_path / "refunds")},
+    ]
+    today = config(tmp_path, K2D_KAFKA__TOPIC="e", K2D_ROUTES=json.dumps(routes), K2D_ROUTING__EXPRESSION="kind")
+    more = [*events(), {"id": "e7", "kind": "refunds"}]
+    source = TopicsSource([messages_of(E0, 0, more)], {E0: 8})
+    run(today, source)
+    assert source.starts == {E0: 7}
+    assert ids(tmp_path / "refunds") == ["e7"]
+    assert DeltaTable(str(tmp_path / "refunds")).transaction_version("e-0") == 7
+    assert [row["offset"] for row in dead_letters(tmp_path)] == [3, 4]
