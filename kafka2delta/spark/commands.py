@@ -3,14 +3,17 @@ imported only when one of its commands runs (the daemon's container does not shi
 
 ::
 
-    kafka2delta maintain optimize -c config.toml [--zorder-by c1,c2] [--where PRED] [--target-file-size BYTES]
-    kafka2delta maintain vacuum   -c config.toml [--retain-hours N] [--dead-letters] [--dry-run]
+    kafka2delta maintain optimize -c config.toml [--table URI|GLOB]... [--zorder-by c1,c2] [--where PRED]
+                                  [--target-file-size BYTES]
+    kafka2delta maintain vacuum   -c config.toml [--table URI|GLOB]... [--retain-hours N] [--dead-letters] [--dry-run]
     kafka2delta jobs mutate       -c config.toml [--available-now | --max-turns N]
     kafka2delta jobs ttl          -c config.toml [--available-now | --max-turns N]
 
 Each takes ``--master URL``, ``--conf k=v`` (repeatable) and ``--json``, prints one line per table (what it did:
 files before/after, rows changed, duration) and exits 0 (done, or skipped because the coordinator gave no turn),
-1 (failed) or 2 (bad configuration).
+1 (failed) or 2 (bad configuration). ``maintain`` works on every table the config writes (``table.uri`` and the
+routes' URIs, a ``{topic}`` matching every table beside it) or on the ``--table`` URIs and globs given; one
+table's failure is reported and the others are still done (exit 1 at the end).
 """
 
 from __future__ import annotations
@@ -55,6 +58,11 @@ def _columns(text: str) -> list[str]:
     return columns
 
 
+_TABLE_HELP = (
+    "a table to maintain, or a glob of tables (s3://lake/raw/*); repeatable. Default: every table the config writes"
+)
+
+
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``maintain`` and ``jobs`` subcommands (and their arguments) to the CLI."""
     maintain = commands.add_parser("maintain", help="table maintenance with Spark: optimize, vacuum")
@@ -65,6 +73,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     optimize.add_argument("--where", default="", metavar="PREDICATE", help="only partitions matching this predicate")
     optimize.add_argument("--target-file-size", type=int, metavar="BYTES", help="size of the files written")
     optimize.add_argument("--dead-letters", action="store_true", help="also the dead-letter table")
+    optimize.add_argument("--table", action="append", default=[], metavar="URI", help=_TABLE_HELP)
     vacuum = maintain_commands.add_parser(
         "vacuum", help="delete files no recent version references, and a crashed daemon's uncommitted files"
     )
@@ -72,6 +81,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     vacuum.add_argument("--retain-hours", type=float, default=168.0, help="keep files younger than this (168)")
     vacuum.add_argument("--dead-letters", action="store_true", help="also the dead-letter table")
     vacuum.add_argument("--dry-run", action="store_true", help="only count what would be deleted")
+    vacuum.add_argument("--table", action="append", default=[], metavar="URI", help=_TABLE_HELP)
 
     jobs = commands.add_parser("jobs", help="streaming jobs that change the table: mutate, ttl")
     jobs_commands = jobs.add_subparsers(dest="action", required=True)
@@ -110,45 +120,85 @@ def run(args: argparse.Namespace, config: Config) -> int:
     if args.action in ("optimize", "vacuum") and args.command != "maintain":  # pragma: no cover - argparse
         raise ConfigError(args.command, f"unknown action {args.action}")
     job_name = args.job_name or args.action
+    if args.command == "maintain":
+        tables = maintained_tables(config, args.table)
+        if not tables and not args.dead_letters:
+            raise ConfigError("table.uri", "no table to maintain: none of the config's tables or --table globs exists")
+        session = _session(args, config, args.action)
+        return _maintain(args, config, session, tables, job_name)
     coordinator = open_coordinator(config.coordinator, config.table.uri)
     try:
         session = _session(args, config, args.action)
-        if args.command == "maintain":
-            return _maintain(args, config, session, coordinator, job_name)
         return _job(args, config, session, coordinator, job_name)
     finally:
         coordinator.close()
 
 
-def _maintain(
-    args: argparse.Namespace, config: Config, session: SparkSession, coordinator: Coordinator, job_name: str
-) -> int:
-    from kafka2delta.spark import maintenance
+def maintained_tables(config: Config, explicit: list[str]) -> list[str]:
+    """The tables ``maintain`` works on: the ``--table`` URIs (globs expanded), else every table the config
+    writes: ``table.uri`` and the routes' URIs, ``{topic}`` standing for any name (the dead-letter table
+    is not one of them: ``--dead-letters`` adds it)."""
+    from kafka2delta.config import TOPIC_PLACEHOLDER
+    from kafka2delta.spark.tables import expand
+
+    patterns = explicit or [uri.replace(TOPIC_PLACEHOLDER, "*") for uri in _configured_uris(config)]
+    found = [uri for pattern in patterns for uri in expand(pattern, config.table.storage_options)]
+    dead_letters = config.dead_letter_table_uri.rstrip("/")
+    return [uri for uri in dict.fromkeys(found) if uri.rstrip("/") != dead_letters]
+
+
+def _configured_uris(config: Config) -> list[str]:
+    return [uri for uri in dict.fromkeys([config.table.uri, *(route.uri for route in config.routes)]) if uri]
+
+
+def _maintain(args: argparse.Namespace, config: Config, session: SparkSession, tables: list[str], job_name: str) -> int:
+    """Each table in its own coordinator turn; a table that fails is reported and the next one is done."""
+    from kafka2delta.coordinator import open_coordinator
+    from kafka2delta.errors import Kafka2DeltaError
     from kafka2delta.spark.report import Report
 
-    uris = [config.table.uri] + ([config.dead_letter_table_uri] if args.dead_letters else [])
-    turn = coordinator.turn(job_name)
-    if turn is None:
-        for uri in uris:
-            _print(Report(args.action, uri, status="skipped", reason=coordinator.last_skip), args.json)
-        return EXIT_OK
-    with turn:
-        for uri in uris:
-            if args.action == "optimize":
-                report = maintenance.optimize(
-                    session,
-                    uri,
-                    config.table.storage_options,
-                    zorder_by=args.zorder_by if uri == config.table.uri else (),
-                    where=args.where,
-                    target_file_size=args.target_file_size,
-                )
-            else:
-                report = maintenance.vacuum(
-                    session, uri, config.table.storage_options, retain_hours=args.retain_hours, dry_run=args.dry_run
-                )
-            _print(report, args.json)
-    return EXIT_OK
+    failed = 0
+    uris = tables + ([config.dead_letter_table_uri] if args.dead_letters else [])
+    for uri in uris:
+        coordinator = open_coordinator(config.coordinator, uri)
+        try:
+            turn = coordinator.turn(job_name)
+            if turn is None:
+                _print(Report(args.action, uri, status="skipped", reason=coordinator.last_skip), args.json)
+                continue
+            with turn:
+                report = _maintain_one(args, config, session, uri, dead_letters=uri not in tables)
+        except Kafka2DeltaError as exc:
+            if len(uris) == 1:
+                raise
+            logger.error("%s %s failed: %s", args.action, uri, exc)
+            report = Report(args.action, uri, status="failed", reason=str(exc))
+            failed += 1
+        finally:
+            coordinator.close()
+        _print(report, args.json)
+    if failed:
+        logger.error("%s: %d of %d tables failed", args.action, failed, len(uris))
+    return EXIT_FAILED if failed else EXIT_OK
+
+
+def _maintain_one(
+    args: argparse.Namespace, config: Config, session: SparkSession, uri: str, dead_letters: bool
+) -> Report:
+    from kafka2delta.spark import maintenance
+
+    if args.action == "optimize":
+        return maintenance.optimize(
+            session,
+            uri,
+            config.table.storage_options,
+            zorder_by=() if dead_letters else args.zorder_by,
+            where=args.where,
+            target_file_size=args.target_file_size,
+        )
+    return maintenance.vacuum(
+        session, uri, config.table.storage_options, retain_hours=args.retain_hours, dry_run=args.dry_run
+    )
 
 
 def _job(

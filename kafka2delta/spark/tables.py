@@ -3,7 +3,9 @@ keeps the table writable by the daemon, file-level statistics, and the data file
 
 from __future__ import annotations
 
+import fnmatch
 import json
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -199,3 +201,39 @@ def logged_adds(uri: str, storage_options: Mapping[str, str] = {}) -> set[str]:
                 if "add" in with_add:
                     paths.add(storage_path(with_add["add"]["path"]))
     return paths
+
+
+_GLOB = re.compile(r"[*?\[]")
+
+
+def expand(pattern: str, storage_options: Mapping[str, str] = {}) -> list[str]:
+    """The Delta tables a URI glob names (``*``, ``?``, ``[…]`` within path segments; ``s3://lake/raw/*``): every
+    directory matching it that holds a ``_delta_log``, sorted. A URI without glob characters is returned as it is."""
+    if not _GLOB.search(pattern):
+        return [pattern]
+    scheme, _, path = pattern.rpartition("://")
+    prefix = f"{scheme}://" if scheme else ""
+    if not scheme:
+        path = os.path.abspath(path)
+    segments = path.split("/")
+    first_glob = next(i for i, segment in enumerate(segments) if _GLOB.search(segment))
+    fs, base = filesystem(prefix + "/".join(segments[:first_glob]), storage_options)
+    candidates = [base.rstrip("/")]
+    for segment in segments[first_glob:]:
+        if not _GLOB.search(segment):
+            candidates = [f"{c}/{segment}" for c in candidates]
+            continue
+        matched = []
+        for candidate in candidates:
+            try:
+                infos = fs.get_file_info(pa_fs.FileSelector(candidate, allow_not_found=True))
+            except OSError as exc:
+                raise RetryableError(f"listing {prefix}{candidate}: {exc}") from exc
+            matched += [
+                info.path
+                for info in infos
+                if info.type == pa_fs.FileType.Directory and fnmatch.fnmatchcase(info.base_name, segment)
+            ]
+        candidates = matched
+    logs = fs.get_file_info([f"{c}/_delta_log" for c in candidates]) if candidates else []
+    return sorted(prefix + c for c, log in zip(candidates, logs, strict=True) if log.type == pa_fs.FileType.Directory)

@@ -72,3 +72,48 @@ def test_a_table_with_deletion_vectors_is_refused(spark: Any, tmp_path: Path) ->
     args = _parser().parse_args(["maintain", "optimize", "-c", str(config_path)])
     with pytest.raises(TableNotWritable, match="deletionVectors"):
         commands.run(args, load_config(config_path, {}))
+
+
+def _small_files(uri: str, files: int) -> None:
+    for n in range(files):
+        write_deltalake(uri, pa.table({"a": [n, n + 1]}), mode="append")
+
+
+def test_maintain_covers_every_table_of_a_routed_config(
+    spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``table.uri = lake/{topic}``: maintain finds every table beside the template (not the dead-letter table,
+    nor a directory that is no table); ``--table`` takes URIs and globs; one table that fails is reported and
+    the others are still done (exit 1)."""
+    lake = tmp_path / "lake"
+    for name in ("a", "b", "_dead_letters"):
+        _small_files(str(lake / name), 3)
+    (lake / "notes").mkdir()
+    config_path = _config(tmp_path, str(lake / "{topic}"))
+    config = load_config(config_path, {"K2D_KAFKA__TOPIC": "", "K2D_KAFKA__TOPICS": "a,b"})
+
+    def maintain(*extra: str) -> tuple[int, dict[str, dict[str, Any]]]:
+        args = _parser().parse_args(["maintain", "optimize", "-c", str(config_path), "--json", *extra])
+        code = commands.run(args, config)
+        reports = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
+        return code, {Path(report["table"]).name: report for report in reports}
+
+    code, reports = maintain()
+    assert code == 0 and sorted(reports) == ["a", "b"]
+    assert {name: (r["status"], r["files_before"], r["files_after"]) for name, r in reports.items()} == {
+        "a": ("ok", 3, 1),
+        "b": ("ok", 3, 1),
+    }
+
+    _small_files(str(lake / "b"), 2)
+    code, reports = maintain("--table", str(lake / "b"), "--dead-letters")
+    assert code == 0 and sorted(reports) == ["_dead_letters", "b"]
+    assert (reports["b"]["files_before"], reports["_dead_letters"]["files_before"]) == (3, 3)
+
+    spark.sql(f"ALTER TABLE delta.`{lake / 'a'}` SET TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')").collect()
+    _small_files(str(lake / "b"), 2)
+    code, reports = maintain("--table", str(lake / "*"))
+    assert code == 1
+    assert reports["a"]["status"] == "failed" and "deletionVectors" in reports["a"]["reason"]
+    assert (reports["b"]["status"], reports["b"]["files_after"]) == ("ok", 1)
+    assert "_dead_letters" not in reports and "notes" not in reports
