@@ -44,7 +44,7 @@ demo: broker-start
 	$(PY) -m dev.demo --bootstrap "$$($(PY) -m dev.kafka.broker status --dir $(KAFKA_DIR))"
 
 # --- benchmark (bench/README.md): kafka2delta side by side with Spark Structured Streaming; never part of `make test`
-.PHONY: bench-install bench-quick bench-profile bench-report
+.PHONY: bench-install bench-quick bench-profile bench-report bench-topics
 bench-install: $(VENV)/.bench-installed
 
 $(VENV)/.bench-installed: pyproject.toml $(VENV)/.installed
@@ -62,6 +62,10 @@ bench-quick: bench-install
 ## bench-profile: the daemon's catch-up under py-spy → bench/results/profile-json.txt
 bench-profile: bench-install
 	$(PY) -m bench.hotpath $(BENCH_ARGS)
+
+## bench-topics: 200 one-partition topics (a table each) against one 200-partition topic, same messages → bench/results/topics.json
+bench-topics: bench-install
+	$(PY) -m bench.topics $(BENCH_ARGS)
 
 ## bench-report: rewrite latest.md and the plots from bench/results/latest.json
 bench-report: bench-install

@@ -197,6 +197,7 @@ def _ingest(config: Config, until_caught_up: bool) -> int:
         metrics=metrics,
         dead_letter_topic=dead_letter_topic,
         router=(lambda: build_router(config)) if config.routing.expression else None,
+        dead_letter_opener=lambda uri: open_dead_letters(config, routes, uri),
     )
 
     def stop(signum: int, frame: FrameType | None) -> None:
@@ -219,14 +220,15 @@ def _ingest(config: Config, until_caught_up: bool) -> int:
     return EXIT_OK
 
 
-def open_dead_letters(config: Config, routes: Routes) -> DeadLetterTable:
-    """The daemon's one dead-letter table; each topic's app id (txn ids, ``app_id`` column) from its route."""
+def open_dead_letters(config: Config, routes: Routes, uri: str | None = None) -> DeadLetterTable:
+    """The daemon's dead-letter table (or a route's own, ``uri``); each topic's app id (txn ids, ``app_id``
+    column) from its route."""
 
     def legacy(tp: TopicPartition) -> str | None:
         return routes.dead_letter_txn_ids(tp.topic).legacy_dead_letters(tp)
 
     return DeadLetterTable.open(
-        config.dead_letter_table_uri,
+        uri or config.dead_letter_table_uri,
         config.table.storage_options,
         routes.dead_letter_prefix,
         config.ingest.compression,

@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 from functools import partial
 
-from kafka2delta.edges import DeadLetterStore
 from kafka2delta.errors import CommitConflict, TableNotCreated
 from kafka2delta.records import TopicPartition
 from kafka2delta.retries import Retrier
@@ -19,11 +18,8 @@ logger = logging.getLogger(__name__)
 
 
 class Positions:
-    def __init__(
-        self, *, tables: Tables, dead_letters: DeadLetterStore, retrier: Retrier, auto_offset_reset: str
-    ) -> None:
+    def __init__(self, *, tables: Tables, retrier: Retrier, auto_offset_reset: str) -> None:
         self._tables = tables
-        self._dead_letters = dead_letters
         self._retrier = retrier
         self._auto_offset_reset = auto_offset_reset
 
@@ -41,8 +37,10 @@ class Positions:
             )
             for uri in uris
         }
+        # A partition's dead letters are in its home table's dead-letter table (every route of a topic shares it).
+        dead_letters = self._tables[uris[0]].dead_letters
         letters = self._retrier.run(
-            "reading dead-letter txn versions", lambda: self._dead_letters.committed_offsets(partitions)
+            "reading dead-letter txn versions", lambda: dead_letters.committed_offsets(partitions)
         )
         versions: dict[TopicPartition, dict[str, int | None]] = {}
         recorded: dict[TopicPartition, set[int]] = {}
@@ -54,7 +52,7 @@ class Positions:
             if last_letter is not None and (start is None or last_letter > start):
                 recorded[tp] = self._retrier.run(
                     "reading recorded dead letters",
-                    partial(self._dead_letters.recorded_offsets, tp, start, last_letter),
+                    partial(dead_letters.recorded_offsets, tp, start, last_letter),
                 )
                 logger.warning(
                     "%s: the dead-letter table is ahead of the tables (%s > %s): %d dead letters recorded "

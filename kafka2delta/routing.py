@@ -38,6 +38,8 @@ class TableSpec:
     metadata_columns: tuple[str, ...]
     route: str
     """The route's key in the config (``routes[2]``, or ``table``), for errors."""
+    dead_letter_uri: str
+    """The dead-letter table of the topics this table takes (a route's own, or the daemon's)."""
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,18 @@ class Routes:
         """Every ``app_id`` ``topic``'s dead letters carry (see :meth:`TxnIds.app_ids`)."""
         return self.dead_letter_txn_ids(topic).app_ids(topic)
 
+    @property
+    def default_dead_letter_uri(self) -> str:
+        """The daemon's dead-letter table (``dead_letters.table_uri`` or its default)."""
+        return self._config.dead_letter_table_uri
+
+    def dead_letter_uri(self, topic: str) -> str:
+        """The dead-letter table of ``topic``: its first matching route's (the daemon's when none matches)."""
+        for route in self._routes:
+            if route.takes(topic):
+                return self._dead_letter_uri(route)
+        return self._config.dead_letter_table_uri
+
     def dead_letter_txn_ids(self, topic: str) -> TxnIds:
         """How ``topic``'s dead letters name their txns: as its first matching route's table does, so they
         stay the same for every message of the topic."""
@@ -130,10 +144,25 @@ class Routes:
             schema_evolution=config.schema_evolution or table.schema_evolution,
             metadata_columns=metadata,
             route=route.key,
+            dead_letter_uri=self._dead_letter_uri(route),
         )
 
+    def _dead_letter_uri(self, route: _Route) -> str:
+        return route.config.dead_letter_table_uri or self._config.dead_letter_table_uri
+
     def _check_app_ids(self) -> None:
-        """Two routes writing one table must name its txns the same way."""
+        """Two routes writing one table must name its txns the same way, and keep its dead letters in one table
+        (with ``[routing] expression``, every route: a partition's dead letters have one txn)."""
+        letters: dict[str, tuple[str, str]] = {}
+        for route in self._routes:
+            uri = "*" if self._config.routing.expression else self._uri(route.config)
+            earlier_letters = letters.setdefault(uri, (route.key, self._dead_letter_uri(route)))
+            if earlier_letters[1] != self._dead_letter_uri(route):
+                raise ConfigError(
+                    f"{route.key}.dead_letter_table_uri",
+                    f"{self._dead_letter_uri(route)!r} differs from {earlier_letters[0]}'s {earlier_letters[1]!r}"
+                    + (", and [routing] expression" if uri == "*" else f", which writes the same table {uri}"),
+                )
         seen: dict[str, tuple[str, str]] = {}
         for route in self._routes:
             uri = self._uri(route.config)

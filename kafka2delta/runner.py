@@ -48,7 +48,7 @@ from kafka2delta.retries import Retrier
 from kafka2delta.routing import Routes
 from kafka2delta.splitting import after, empty_outcome, merged, split
 from kafka2delta.status import Status, StatusBoard, liveness_window_s
-from kafka2delta.tables import RouterOpener, TableOpener, Tables, TableSink, TopicTables
+from kafka2delta.tables import DeadLetterOpener, RouterOpener, TableOpener, Tables, TableSink, TopicTables
 from kafka2delta.value_buffers import FlushLimits, PartitionBuffer, ValueBuffers
 
 logger = logging.getLogger(__name__)
@@ -73,6 +73,7 @@ class Ingestor:
         routes: Routes | None = None,
         dead_letter_topic: DeadLetterProducer | None = None,
         router: RouterOpener | None = None,
+        dead_letter_opener: DeadLetterOpener | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
         wall_clock: Callable[[], float] = time.time,
@@ -81,7 +82,6 @@ class Ingestor:
             raise ValueError("[routing] expression is set: the Ingestor needs its router")
         self._config = config
         self._source = source
-        self._dead_letters = dead_letters
         self._metrics = metrics
         self._clock = clock
         self._sleep = sleep
@@ -134,10 +134,10 @@ class Ingestor:
             board=self._board,
             clock=clock,
             router=router,
+            dead_letter_opener=dead_letter_opener,
         )
         self._positions = Positions(
             tables=self._tables,
-            dead_letters=dead_letters,
             retrier=self._retrier,
             auto_offset_reset=config.kafka.auto_offset_reset,
         )

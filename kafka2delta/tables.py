@@ -33,10 +33,16 @@ RouterOpener = Callable[[], Pipeline]
 """Builds the route stage's pipeline (:mod:`kafka2delta.splitting`), with ``[routing] expression``."""
 
 
+DeadLetterOpener = Callable[[str], DeadLetterStore]
+"""Opens a route's own dead-letter table by URI (the daemon's is opened at start)."""
+
+
 @dataclass(kw_only=True)
 class TableSink:
     spec: TableSpec
     writer: TableWriter
+    dead_letters: DeadLetterStore
+    """Where the dead letters of the partitions this table takes go."""
     pipeline: Pipeline
     committer: Committer
     coordinator: Coordinator | None
@@ -79,12 +85,15 @@ class Tables:
         board: StatusBoard,
         clock: Callable[[], float],
         router: RouterOpener | None = None,
+        dead_letter_opener: DeadLetterOpener | None = None,
     ) -> None:
         self._routes = routes
         self._router = router
         self._routers: dict[str, TopicTables] = {}
         self._opener = opener
-        self._dead_letters = dead_letters
+        # The daemon's dead-letter table serves every route without one of its own.
+        self._dead_letter_tables = {routes.default_dead_letter_uri: dead_letters}
+        self._dead_letter_opener = dead_letter_opener
         self._dead_letter_topic = dead_letter_topic
         self._metrics = metrics
         self._retrier = retrier
@@ -110,16 +119,18 @@ class Tables:
         sink = self._sinks.get(spec.uri)
         if sink is None:
             opened = self._retrier.run(f"opening table {spec.uri}", lambda: self._opener(spec))
+            dead_letters = self._dead_letters_at(spec.dead_letter_uri)
             sink = self._sinks[spec.uri] = TableSink(
                 spec=spec,
                 writer=opened.writer,
+                dead_letters=dead_letters,
                 pipeline=opened.pipeline,
                 committer=Committer(
                     app_id=spec.txn_ids.app_id or (topic if not spec.txn_ids.multi_topic else ""),
                     multi_topic=spec.txn_ids.multi_topic,
                     name=spec.name,
                     writer=opened.writer,
-                    dead_letters=self._dead_letters,
+                    dead_letters=dead_letters,
                     dead_letter_topic=self._dead_letter_topic,
                     pipeline=opened.pipeline,
                     metrics=self._metrics,
@@ -130,6 +141,16 @@ class Tables:
             )
             self._board.table_opened(spec.name, spec.uri, opened.writer.version)
         return sink
+
+    def _dead_letters_at(self, uri: str) -> DeadLetterStore:
+        known = self._dead_letter_tables.get(uri)
+        if known is not None:
+            return known
+        if self._dead_letter_opener is None:
+            raise ValueError(f"a route's own dead-letter table {uri}: the Tables need a dead-letter opener")
+        opened = self._retrier.run(f"opening dead-letter table {uri}", lambda: self._dead_letter_opener(uri))  # type: ignore[misc]
+        self._dead_letter_tables[uri] = opened
+        return opened
 
     def __getitem__(self, uri: str) -> TableSink:
         return self._sinks[uri]

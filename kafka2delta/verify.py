@@ -617,8 +617,9 @@ def _check_topic(
             {p: min(versions) if versions else None for p, versions in held.items()},
             pa.concat_tables([t.rows for t in tables]),
         )
+    dead_letter_uri = spec.dead_letter_uri
     letters = read_table(
-        config.dead_letter_table_uri,
+        dead_letter_uri,
         options,
         f"{dead_letter_app_ids[0]}-dlq",
         partitions,
@@ -644,10 +645,10 @@ def _check_topic(
     return Report(
         topic,
         main.uri,
-        config.dead_letter_table_uri,
+        dead_letter_uri,
         compare(offsets, main.rows, letters.rows, main.txns, letters.txns),
         [gap for t in tables if t.version is not None for gap in log_gaps(t.uri, options)],
-        log_gaps(config.dead_letter_table_uri, options) if letters.version is not None else [],
+        log_gaps(dead_letter_uri, options) if letters.version is not None else [],
         table_version=main.version,
         dead_letter_version=letters.version,
     )

@@ -127,6 +127,9 @@ class RouteConfig:
     """As ``table.schema_evolution`` (empty: ``[table]``'s)."""
     metadata_columns: tuple[str, ...] = ()
     """As ``table.metadata_columns`` (empty: ``[table]``'s)."""
+    dead_letter_table_uri: str = ""
+    """This route's own dead-letter table (empty: the daemon's, ``dead_letters.table_uri``). Routes writing one
+    table, and with ``[routing] expression`` all routes, must share one."""
 
 
 @dataclass(frozen=True)

@@ -54,6 +54,7 @@ def run(
         dead_letters=open_dead_letters(config, routes),
         metrics=metrics,
         router=(lambda: build_router(config)) if config.routing.expression else None,
+        dead_letter_opener=lambda uri: open_dead_letters(config, routes, uri),
         sleep=lambda seconds: None,
     )
     ingestor.run(until_caught_up=True)
@@ -277,3 +278,34 @@ def test_a_route_added_later_starts_where_the_partition_is(tmp_path: Path) -> No
     assert ids(tmp_path / "refunds") == ["e7"]
     assert DeltaTable(str(tmp_path / "refunds")).transaction_version("e-0") == 7
     assert [row["offset"] for row in dead_letters(tmp_path)] == [3, 4]
+
+
+def test_a_route_may_have_its_own_dead_letter_table(tmp_path: Path) -> None:
+    routes = [
+        {"topic": "a", "uri": str(tmp_path / "a"), "dead_letter_table_uri": str(tmp_path / "a_letters")},
+        {"topic": "b", "uri": str(tmp_path / "b")},
+    ]
+    cfg = config(tmp_path, K2D_KAFKA__TOPICS="a,b", K2D_ROUTES=json.dumps(routes))
+    bad = messages_of(A0, 0, [{"id": "a0-0"}, {"id": 7, "nested": {"x": 1}}])
+    bad.partitions[A0].payloads[1] = b"{not json"
+    worse = messages_of(B0, 0, [{"id": "b0-0"}])
+    worse.partitions[B0].payloads[0] = b"[oops"
+    run(cfg, TopicsSource([bad, worse], {A0: 2, B0: 1}))
+
+    def letters(uri: Path) -> list[tuple[str, int, int]]:
+        rows = DeltaTable(str(uri)).to_pyarrow_table().to_pylist()
+        return [(row["topic"], row["partition"], row["offset"]) for row in rows]
+
+    assert letters(tmp_path / "a_letters") == [("a", 0, 1)]
+    assert letters(tmp_path / "dlq") == [("b", 0, 0)]
+    assert DeltaTable(str(tmp_path / "a_letters")).transaction_version("a-dlq-0") == 1
+    assert ids(tmp_path / "a") == ["a0-0"]
+
+
+def test_routes_writing_one_table_share_its_dead_letter_table(tmp_path: Path) -> None:
+    routes = [
+        {"topic": "a", "uri": str(tmp_path / "all"), "dead_letter_table_uri": str(tmp_path / "a_letters")},
+        {"topic": "b", "uri": str(tmp_path / "all")},
+    ]
+    with pytest.raises(Exception, match=r"routes\[1\]\.dead_letter_table_uri.*same table"):
+        Routes(config(tmp_path, K2D_KAFKA__TOPICS="a,b", K2D_ROUTES=json.dumps(routes)))
