@@ -76,6 +76,7 @@ def chaos_result(request: pytest.FixtureRequest) -> Iterator[ChaosResult]:
     }
     if result.verdict is not None:
         data.update(result.verdict.figures)
+    data.update(result.figures)
     out = RESULTS / FORM
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', node.name)}.json").write_text(json.dumps(data, indent=2) + "\n")

@@ -21,6 +21,7 @@ START, END = "<!-- matrix:start -->", "<!-- matrix:end -->"
 ORDER = [
     "test_kill_points",
     "test_random_kills",
+    "test_fan_out",
     "test_broker",
     "test_storage",
     "test_concurrent_writer",

@@ -16,15 +16,29 @@ import pytest
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
-from tests.support.chaos import FAST_GROUP, ChaosProducer, ChaosResult, chaos_setup, drain, poisoned, scale, stop
+from tests.support.chaos import (
+    FAST_GROUP,
+    POISON,
+    ChaosProducer,
+    ChaosResult,
+    chaos_setup,
+    drain,
+    poisoned,
+    scale,
+    stop,
+)
 from tests.support.harness import Setup, event, wait_for
 
 ROUTES = ("click", "purchase")
 UNKNOWN_EVERY = 41  # one message in 41 names a route that does not exist (a dead letter, stage route)
 
 
+def unknown_route(seq: int) -> bool:
+    return seq % UNKNOWN_EVERY == 7
+
+
 def payload(partition: int, seq: int) -> bytes:
-    if seq % UNKNOWN_EVERY == 7:
+    if unknown_route(seq):
         return json.dumps({**json.loads(event(partition, seq)), "type": "refund"}).encode()
     return poisoned(50)(partition, seq)
 
@@ -52,13 +66,28 @@ def txns(setup: Setup, name: str) -> dict[int, int | None]:
     return {p: table.transaction_version(f"{setup.app_id}-{p}") for p in range(setup.topic.partitions)}
 
 
-def verified(setup: Setup, chaos_result: ChaosResult, produced: int) -> dict[str, Any]:
-    """``kafka2delta verify`` over both tables and the dead-letter table; each table holds only its route."""
+def verified(setup: Setup, chaos_result: ChaosResult, per_partition: int) -> dict[str, Any]:
+    """``kafka2delta verify`` over both tables and the dead-letter table; each table holds only its route, and the
+    dead letters are exactly the poison messages and the unknown routes."""
     code, report = setup.verify()
     assert isinstance(report, dict), report
     figures = {key: report[key] for key in ("lost", "duplicated_total", "in_both_total", "unexpected_total")}
     assert code == 0 and report["ok"] and set(figures.values()) == {0}, json.dumps(report)[:3000]
-    assert report["produced"] == produced
+    assert report["produced"] == per_partition * setup.topic.partitions
+    poison = poisoned(50)
+    bad = sum(unknown_route(seq) or POISON in poison(0, seq) for seq in range(per_partition))
+    expected_letters = bad * setup.topic.partitions
+    assert report["dead_letters"] == expected_letters, (report["dead_letters"], expected_letters)
+    chaos_result.figures = {
+        "messages": report["produced"],
+        "rows": report["rows"],
+        "dead_letters": report["dead_letters"],
+        "poison": expected_letters,
+        "lost": report["lost"],
+        "duplicated": report["duplicated_total"],
+        "in_both": report["in_both_total"],
+        "unexpected": report["unexpected_total"],
+    }
     for name in ROUTES:
         types = set(
             DeltaTable(str(setup.tmp_path / name)).to_pyarrow_table(columns=["type"]).column("type").to_pylist()
@@ -66,11 +95,12 @@ def verified(setup: Setup, chaos_result: ChaosResult, produced: int) -> dict[str
         assert types == {name}, f"table {name} holds types {types}"
     letters = DeltaTable(setup.dead_letter_uri).to_pyarrow_table(columns=["stage"]).column("stage").to_pylist()
     assert "route" in letters and report["dead_letters"] == len(letters)
-    chaos_result.notes += (
-        f"; verify: produced {report['produced']}, rows {report['rows']} "
+    verdict_note = (
+        f"verify: produced {report['produced']}, rows {report['rows']} "
         f"({', '.join(f'{n} {rows(setup, n)}' for n in ROUTES)}), dead letters {report['dead_letters']} "
         f"({letters.count('route')} unknown routes), lost 0, duplicated 0"
     )
+    chaos_result.notes = "; ".join(filter(None, [chaos_result.notes, verdict_note]))
     return report
 
 
@@ -92,10 +122,10 @@ def test_kill_between_the_tables_of_one_flush(
         assert first != second, f"one table should be ahead of the other: {first} vs {second}"
     restarted = daemon_factory(setup, env=FAST_GROUP)
     wait_for(lambda: "assigned " in restarted.log(), 120, "the restart's assignment")
-    produced = half * setup.topic.partitions + producer.join()
+    producer.join()
     stop(restarted)
     drain(daemon_factory, setup)
-    verified(setup, chaos_result, produced)
+    verified(setup, chaos_result, per_partition)
 
 
 def test_fan_out_random_sigkills_two_instances(setup_factory, daemon_factory, chaos_result: ChaosResult) -> None:
@@ -118,8 +148,8 @@ def test_fan_out_random_sigkills_two_instances(setup_factory, daemon_factory, ch
         chaos_result.fault("daemon SIGKILL")
         time.sleep(rng.uniform(0.0, 3.0))
         daemons[victim] = daemon_factory(setup, env=FAST_GROUP)
-    produced = producer.join()
+    producer.join()
     for daemon in daemons:
         stop(daemon, 300)
     drain(daemon_factory, setup, timeout=900)
-    verified(setup, chaos_result, produced)
+    verified(setup, chaos_result, per_partition)

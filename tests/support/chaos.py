@@ -298,6 +298,8 @@ class ChaosResult:
     faults: dict[str, int] = field(default_factory=dict)
     notes: str = ""
     verdict: Verdict | None = None
+    figures: dict[str, int] = field(default_factory=dict)
+    """Verdict figures of a scenario checked another way (``kafka2delta verify`` over several tables)."""
 
     def fault(self, name: str, count: int = 1) -> None:
         self.faults[name] = self.faults.get(name, 0) + count
