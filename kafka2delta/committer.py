@@ -123,7 +123,8 @@ class Committer:
         metadata["rows"] = sum(b.rows for b in taken.values())
         metadata["dead_letters"] = sum(len(b.dead_letters) for b in taken.values())
         expected = {p: partitions[p].tables[self.uri] for p in taken}
-        versions = {p: r.last for p, r in ranges.items()}
+        # A txn never moves back (a lane behind its table's version would otherwise undo later commits).
+        versions = {p: max(r.last, _or_minus_one(expected[p])) for p, r in ranges.items()}
         started = self._clock()
         if not evolving:
             actions = [action for partition in taken for action in pending.files[partition]]

@@ -16,6 +16,8 @@ from kafka2delta.tables import Tables, TopicTables
 
 logger = logging.getLogger(__name__)
 
+_MARK_ATTEMPTS = 3  # a conflict means another daemon wrote: its txns are read back, the rest marked again
+
 
 class Positions:
     def __init__(self, *, tables: Tables, retrier: Retrier, auto_offset_reset: str) -> None:
@@ -74,24 +76,36 @@ class Positions:
         messages is taken: an empty commit at the version the partition starts from. From then on a table that
         holds nothing of a partition its other tables hold something of can only be one added since (DESIGN.md:
         a crash between two tables' first commits would otherwise be mistaken for it, and lose rows)."""
-        reset = self._auto_offset_reset
         for uri in tables.uris:
-            starts: dict[TopicPartition, int] = {}
-            for tp, held in versions.items():
-                if held[uri] is not None:
-                    continue
-                known = [version for version in held.values() if version is not None]
-                low, high = watermarks[tp]
-                starts[tp] = min(known) if known else (low if reset == "earliest" else high) - 1
-            if not starts:
+            for _ in range(_MARK_ATTEMPTS):
+                if not self._mark_table(uri, versions, watermarks):
+                    break
+
+    def _mark_table(
+        self,
+        uri: str,
+        versions: dict[TopicPartition, dict[str, int | None]],
+        watermarks: dict[TopicPartition, tuple[int, int]],
+    ) -> bool:
+        """One attempt for one table; True when partitions of it are still unmarked (another writer's commit
+        conflicted with ours: what it wrote is read back, and the rest is marked again)."""
+        starts: dict[TopicPartition, int] = {}
+        for tp, held in versions.items():
+            if held[uri] is not None:
                 continue
-            table = self._tables[uri]
-            try:
-                self._retrier.run("marking partition starts", partial(table.committer.mark_starts, starts))
-            except TableNotCreated:
-                continue  # created with its first rows, which then commit before the other tables' (see _flush)
-            except CommitConflict:
-                pass  # another daemon marked or committed them: read what it wrote
-            found = self._retrier.run("reading txn versions", partial(table.writer.committed_offsets, list(starts)))
-            for tp in starts:
-                versions[tp][uri] = found[tp]
+            known = [version for version in held.values() if version is not None]
+            low, high = watermarks[tp]
+            starts[tp] = min(known) if known else (low if self._auto_offset_reset == "earliest" else high) - 1
+        if not starts:
+            return False
+        table = self._tables[uri]
+        try:
+            self._retrier.run("marking partition starts", partial(table.committer.mark_starts, starts))
+        except TableNotCreated:
+            return False  # created with its first rows, which then commit before the other tables' (see _flush)
+        except CommitConflict as conflict:
+            logger.info("%s: marking partition starts met another writer's commit (%s); reading it", uri, conflict)
+        found = self._retrier.run("reading txn versions", partial(table.writer.committed_offsets, list(starts)))
+        for tp in starts:
+            versions[tp][uri] = found[tp]
+        return any(found[tp] is None for tp in starts)

@@ -74,6 +74,7 @@ class Routes:
             pattern = re.compile(route.topic_pattern) if route.topic_pattern else None
             routes.append(_Route(key, route, pattern, shared and not one_topic_daemon))
         self._routes = routes
+        self._one_topic_daemon = one_topic_daemon
         self._check_app_ids()
 
     def table_for(self, topic: str) -> TableSpec:
@@ -112,11 +113,12 @@ class Routes:
         return self._config.dead_letter_table_uri
 
     def dead_letter_txn_ids(self, topic: str) -> TxnIds:
-        """How ``topic``'s dead letters name their txns: as its first matching route's table does, so they
-        stay the same for every message of the topic."""
+        """How ``topic``'s dead letters name their txns: with the first matching route's app id, so they stay the
+        same for every message of the topic, and with the topic in them unless the daemon reads one topic (its
+        dead-letter table takes every subscribed topic)."""
         for route in self._routes:
             if route.takes(topic):
-                return self._txn_ids(route)
+                return TxnIds(route.config.app_id or self._config.table.app_id, not self._one_topic_daemon)
         return TxnIds()
 
     # --- resolving --------------------------------------------------------------------------

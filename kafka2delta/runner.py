@@ -265,6 +265,11 @@ class Ingestor:
             self._count_stages(piece.topic, outcomes.values(), len(todo))
         result = {}
         for uri in state.tables:
+            held = state.holds(uri)
+            if held is not None and held >= piece.offsets[-1]:
+                # The table holds every offset of the piece already (a replay from a lower table's version
+                # after a crash between their commits): no lane, so its txn can never be moved back.
+                continue
             outcome = outcomes.get(uri) or empty_outcome(piece, self._tables[uri].pipeline.schema)
             outcome.first_offset, outcome.last_offset = piece.offsets[0], piece.offsets[-1]
             result[uri] = after(outcome, state.holds(uri))
@@ -439,7 +444,8 @@ class Ingestor:
         taken = pending.buffers
         for tp, buffer in taken.items():
             state = self._partitions[tp]
-            state.tables[table.spec.uri] = buffer.last_offset
+            before = state.tables[table.spec.uri]
+            state.tables[table.spec.uri] = max(buffer.last_offset, before if before is not None else -1)
             committed = state.committed
             if state.recorded_dead_letters and committed is not None and committed >= max(state.recorded_dead_letters):
                 state.recorded_dead_letters = set()  # every table's txn covers them now

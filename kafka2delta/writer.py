@@ -45,6 +45,8 @@ TxnId = Callable[[TopicPartition], str]
 LegacyTxnId = Callable[[TopicPartition], str | None]
 """The id the table gave the partition before more topics could write it, if it differs."""
 _HISTORY_LOOKED_AT = 1000
+# The table property naming the topic that owned a table's legacy txn ids, set when they are first migrated.
+LEGACY_OWNER_PROPERTY = "kafka2delta.legacyTxnTopic"
 
 logger = logging.getLogger(__name__)
 
@@ -182,6 +184,7 @@ class DeltaWriter:
         self._txn_id = txn_id
         self._legacy_txn_id = legacy_txn_id
         self._legacy_owner: str | None = None
+        self._migrating = False
         self._compression = compression
         self._checkpoint_interval = checkpoint_interval
         # The txn versions of a commit that landed but whose log refresh failed (the retry returns them).
@@ -261,7 +264,7 @@ class DeltaWriter:
         try:
             self._table.update_incremental()
             found = {tp: self._table.transaction_version(self._txn_id(tp)) for tp in partitions}
-            if self._legacy_txn_id is not None:
+            if self._legacy_txn_id is not None and not self._migrating:
                 self._add_legacy_versions(found, self._legacy_txn_id)
             return found
         except (DeltaError, OSError) as exc:
@@ -280,11 +283,40 @@ class DeltaWriter:
             return
         if self._legacy_owner is None:
             self._legacy_owner = self._topic_of_single_topic_commits()
-        for tp, version in older.items():
-            if tp.topic == self._legacy_owner:
-                found[tp] = version
+        owned = {tp: version for tp, version in older.items() if tp.topic == self._legacy_owner and version is not None}
+        found.update(owned)
+        if owned:
+            self._migrate(owned)
+
+    def _migrate(self, versions: dict[TopicPartition, int]) -> None:
+        """Copy legacy txn versions to the new ids, and name their owner topic in a table property, in one commit:
+        later reads need no history (the commits naming the owner may be gone by then). Conditional like any
+        commit: if another writer gave a partition its new id meanwhile, this does nothing (the next read sees
+        it)."""
+        owner = self._legacy_owner
+        assert owner is not None
+        self._migrating = True
+        try:
+            metadata = {"migrated_legacy_txn_ids": {str(tp): version for tp, version in sorted(versions.items())}}
+
+            def run(properties: CommitProperties) -> None:
+                self._table.alter.set_table_properties(
+                    {LEGACY_OWNER_PROPERTY: owner}, raise_if_not_exists=False, commit_properties=properties
+                )
+
+            self._transaction(dict.fromkeys(versions), versions, metadata, run)
+            logger.info("%s: txn ids of %s now name the topic (versions %s)", self._uri, self._legacy_owner, versions)
+        except CommitConflict:
+            logger.info("%s: another writer moved the txn ids being migrated; using what it wrote", self._uri)
+        except SchemaChanged as exc:
+            logger.info("%s: txn ids not migrated this time (the schema changed: %s)", self._uri, exc.schema)
+        finally:
+            self._migrating = False
 
     def _topic_of_single_topic_commits(self) -> str:
+        owner = self._table.metadata().configuration.get(LEGACY_OWNER_PROPERTY)
+        if owner:
+            return str(owner)
         for entry in self._table.history(_HISTORY_LOOKED_AT):
             info = entry.get("kafka2delta")
             # A commit with one-topic txn ids: before 0.2 (no "multi_topic"), or since, of a one-topic table.

@@ -207,6 +207,11 @@ def _validate_routes(config: Config) -> None:
     """Each route takes some topics (or messages, by [routing] expression) to a table that can be named."""
     expression = config.routing.expression.strip()
     _check_uri_template("table.uri", config.table.uri)
+    if config.routes and not config.table.uri and not config.dead_letters.table_uri:
+        raise ConfigError(
+            "dead_letters.table_uri",
+            "required when only [[routes]] name tables (table.uri is empty): where the daemon's dead letters go",
+        )
     names: set[str] = set()
     for index, route in enumerate(config.routes):
         key = f"routes[{index}]"

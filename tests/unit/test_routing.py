@@ -14,7 +14,9 @@ from kafka2delta.routing import Routes
 
 
 def config(**env: str) -> Config:
-    return load_config(None, environ={"K2D_KAFKA__BOOTSTRAP_SERVERS": "b:9092", **env})
+    return load_config(
+        None, environ={"K2D_KAFKA__BOOTSTRAP_SERVERS": "b:9092", "K2D_DEAD_LETTERS__TABLE_URI": "/lake/_dlq", **env}
+    )
 
 
 def test_one_topic_one_table_keeps_todays_ids() -> None:
@@ -93,10 +95,13 @@ def test_two_routes_to_one_table_share_it_and_must_agree_on_its_app_id() -> None
 
 
 def test_the_default_dead_letter_table_of_a_template_sits_beside_the_topic_tables() -> None:
-    assert config(K2D_KAFKA__TOPICS="a,b", K2D_TABLE__URI="s3://lake/raw/{topic}").dead_letter_table_uri == (
-        "s3://lake/raw/_dead_letters"
+    assert config(
+        K2D_KAFKA__TOPICS="a,b", K2D_TABLE__URI="s3://lake/raw/{topic}", K2D_DEAD_LETTERS__TABLE_URI=""
+    ).dead_letter_table_uri == ("s3://lake/raw/_dead_letters")
+    assert (
+        config(K2D_KAFKA__TOPIC="a", K2D_TABLE__URI="/lake/a", K2D_DEAD_LETTERS__TABLE_URI="").dead_letter_table_uri
+        == "/lake/a_dead_letters"
     )
-    assert config(K2D_KAFKA__TOPIC="a", K2D_TABLE__URI="/lake/a").dead_letter_table_uri == "/lake/a_dead_letters"
 
 
 @pytest.mark.parametrize(
@@ -147,9 +152,37 @@ uri = "/lake/orders"
 topic = "refunds"
 uri = "/lake/refunds"
 metadata_columns = ["topic", "partition", "offset"]
+
+[dead_letters]
+table_uri = "/lake/_dead_letters"
 """
     )
     routes = Routes(load_config(path, environ={}))
     assert routes.table_for("orders").name == "orders"
     refunds = routes.table_for("refunds")
     assert (refunds.name, refunds.metadata_columns) == ("/lake/refunds", ("topic", "partition", "offset"))
+
+
+def test_routes_without_a_table_uri_need_a_dead_letter_table() -> None:
+    with pytest.raises(ConfigError, match=r"dead_letters\.table_uri: required when only \[\[routes\]\]"):
+        load_config(
+            None,
+            environ={
+                "K2D_KAFKA__BOOTSTRAP_SERVERS": "b:9092",
+                "K2D_KAFKA__TOPICS": "a",
+                "K2D_ROUTES": '[{"topic": "a", "uri": "s3://lake/a"}]',
+            },
+        )
+
+
+def test_dead_letter_txns_name_the_topic_in_a_daemon_of_several_topics() -> None:
+    """One dead-letter table takes every topic of the daemon: with an explicit app id and a table per topic,
+    the topics must not share dead-letter txn ids (each one's commit would move the other's)."""
+    routes = Routes(config(K2D_KAFKA__TOPICS="a,b", K2D_TABLE__URI="/lake/{topic}", K2D_TABLE__APP_ID="shop"))
+    ids = {t: routes.dead_letter_txn_ids(t).dead_letters(TopicPartition(t, 0)) for t in "ab"}
+    assert ids == {"a": "shop-a-dlq-0", "b": "shop-b-dlq-0"}
+    assert routes.table_for("a").txn_ids.main(TopicPartition("a", 0)) == "shop-0"  # its own table: unchanged
+    # The ids such a topic had as the daemon's only topic are still read (a daemon that gained topics).
+    assert routes.dead_letter_txn_ids("a").legacy_dead_letters(TopicPartition("a", 0)) == "shop-dlq-0"
+    single = Routes(config(K2D_KAFKA__TOPIC="a", K2D_TABLE__URI="/lake/a", K2D_TABLE__APP_ID="shop"))
+    assert single.dead_letter_txn_ids("a").dead_letters(TopicPartition("a", 0)) == "shop-dlq-0"

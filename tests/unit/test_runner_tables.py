@@ -309,3 +309,92 @@ def test_routes_writing_one_table_share_its_dead_letter_table(tmp_path: Path) ->
     ]
     with pytest.raises(Exception, match=r"routes\[1\]\.dead_letter_table_uri.*same table"):
         Routes(config(tmp_path, K2D_KAFKA__TOPICS="a,b", K2D_ROUTES=json.dumps(routes)))
+
+
+class StoppingSource(TopicsSource):
+    """Serves its batches, then stops the daemon (a SIGTERM) before it reaches the high watermarks."""
+
+    def start(self, listener: Any) -> None:
+        self.ingestor = listener
+        super().start(listener)
+
+    def consume(self, max_messages: int, timeout: float) -> ConsumedBatch:
+        if not self.batches:
+            self.ingestor.request_stop()
+            return ConsumedBatch()
+        return self.batches.pop(0)
+
+
+def test_a_replay_stopped_before_it_passes_a_table_ahead_never_moves_that_tables_txn_back(tmp_path: Path) -> None:
+    """After a crash between the tables' commits (clicks at 7, orders at 2), the restart reads from 3 and is
+    stopped after 3-4: its shutdown flush must leave clicks at 7 (a lane behind it would move its txn back to
+    4, and the next run would write e5 and e6 into clicks twice)."""
+    cfg = expression_config(tmp_path)
+
+    def failing_orders(spec: TableSpec) -> OpenedTable:
+        opened = open_table(cfg, spec)
+        if spec.uri.endswith("/orders"):
+
+            def refuse(*args: Any) -> int:
+                raise FatalError("orders refuses")
+
+            opened.writer.commit = refuse  # type: ignore[method-assign,assignment]
+        return opened
+
+    extra = {"id": "e7", "kind": "orders"}
+    run(cfg, TopicsSource([messages_of(E0, 0, events()[:3])], {E0: 3}))
+    with pytest.raises(FatalError):
+        run(cfg, TopicsSource([messages_of(E0, 3, [*events()[3:], extra])], {E0: 8}), failing_orders)
+    assert DeltaTable(str(tmp_path / "clicks")).transaction_version("e-0") == 7
+
+    run(cfg, StoppingSource([messages_of(E0, 3, events()[3:5])], {E0: 8}))
+    assert DeltaTable(str(tmp_path / "clicks")).transaction_version("e-0") == 7
+    assert DeltaTable(str(tmp_path / "orders")).transaction_version("e-0") == 4
+
+    run(cfg, TopicsSource([messages_of(E0, 0, [*events(), extra])], {E0: 8}))
+    assert ids(tmp_path / "clicks") == ["e0", "e1", "e5", "e6"]
+    assert ids(tmp_path / "orders") == ["e2", "e7"]
+
+
+def test_topics_of_one_daemon_do_not_share_dead_letter_txns(tmp_path: Path) -> None:
+    """An explicit app id and a table per topic: topic a's dead letters must not move topic b's dead-letter txn
+    (b's next commit would be taken for a zombie's: dropped and replayed, again and again)."""
+    cfg = config(tmp_path, K2D_KAFKA__TOPICS="a,b", K2D_TABLE__URI=str(tmp_path / "{topic}"), K2D_TABLE__APP_ID="shop")
+    bad = messages_of(A0, 0, docs("a0-", 0, 3))
+    bad.partitions[A0].payloads[1] = b"{broken"
+    worse = messages_of(B0, 0, docs("b0-", 0, 3))
+    worse.partitions[B0].payloads[0] = b"[oops"
+    source = TopicsSource([bad, worse, messages_of(A0, 3, docs("a0-", 3, 2))], {A0: 5, B0: 3})
+    metrics = run(cfg, source)
+    assert (
+        metrics.registry.get_sample_value(
+            "kafka2delta_commit_conflicts_total", {"topic": "b", "partition": "0", "table": str(tmp_path / "b")}
+        )
+        is None
+    )
+    dlq = DeltaTable(str(tmp_path / "dlq"))
+    assert (dlq.transaction_version("shop-a-dlq-0"), dlq.transaction_version("shop-b-dlq-0")) == (4, 2)
+    assert ids(tmp_path / "a") == ["a0-0", "a0-2", "a0-3", "a0-4"] and ids(tmp_path / "b") == ["b0-1", "b0-2"]
+
+
+def test_legacy_txn_ids_are_migrated_once_so_no_history_is_needed_later(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Partition a[1] has no new message after topics joined the table: its legacy id shop-1 is copied to
+    shop-a-1 at the first read, so a later start needs no commit history naming the owner topic."""
+    uri = str(tmp_path / "all")
+    yesterday = config(tmp_path, K2D_KAFKA__TOPIC="a", K2D_TABLE__URI=uri, K2D_TABLE__APP_ID="shop")
+    run(
+        yesterday,
+        TopicsSource([messages_of(A0, 0, docs("a0-", 0, 4)), messages_of(A1, 0, docs("a1-", 0, 2))], {A0: 4, A1: 2}),
+    )
+    today = config(tmp_path, K2D_KAFKA__TOPICS="a,b", K2D_TABLE__URI=uri, K2D_TABLE__APP_ID="shop")
+    run(today, TopicsSource([messages_of(A0, 4, docs("a0-", 4, 1))], {A0: 5, A1: 2, B0: 0}))
+    table = DeltaTable(uri)
+    assert (table.transaction_version("shop-a-0"), table.transaction_version("shop-a-1")) == (4, 1)
+
+    monkeypatch.setattr("kafka2delta.writer._HISTORY_LOOKED_AT", 0)  # the single-topic commits are out of reach
+    source = TopicsSource([messages_of(A1, 2, docs("a1-", 2, 1))], {A0: 5, A1: 3, B0: 0})
+    run(today, source)
+    assert source.starts[A1] == 2
+    assert ids(tmp_path / "all").count("a1-0") == 1 and "a1-2" in ids(tmp_path / "all")
