@@ -239,42 +239,50 @@ def open_dead_letters(config: Config, routes: Routes, uri: str | None = None) ->
 
 
 def _status(config: Config) -> int:
-    """Per table and topic partition: the txn version in the table, the high watermark, the lag."""
+    """Per table and topic partition: the txn version in the table, the high watermark, the lag (with
+    ``[routing] expression``, every table a topic's messages can go to)."""
     settings = config.kafka.settings
     routes = Routes(config)
     for topic in subscribed_topics(config.kafka.bootstrap_servers, config.kafka, settings):
-        spec = routes.table_for(topic)
+        specs = {spec.uri: spec for spec in [routes.table_for(topic)]}
+        if config.routing.expression:
+            specs.update((spec.uri, spec) for spec in routes.tables_by_name(topic).values())
         partitions = [
             TopicPartition(topic, p) for p in topic_partitions(config.kafka.bootstrap_servers, topic, settings)
         ]
-        try:
-            writer: DeltaWriter | DeferredTable | None = open_table_writer(config, spec, create=False)
-        except ConfigError:
-            writer = None  # not created yet
-        committed = writer.committed_offsets(partitions) if writer is not None else dict.fromkeys(partitions)
-        last_commit: dict[int, str] = {}
-        for entry in writer.history(1000) if isinstance(writer, DeltaWriter) else []:
-            info = entry.get("kafka2delta")
-            if not isinstance(info, dict):
-                continue
-            when = dt.datetime.fromtimestamp(entry["timestamp"] / 1000, dt.UTC).isoformat(timespec="seconds")
-            offsets = info.get("topics", {}).get(topic) or (
-                info.get("offsets", {}) if info.get("topic") == topic else {}
-            )
-            for partition in offsets:
-                last_commit.setdefault(int(partition), f"{when} (v{entry['version']})")
         watermarks = high_watermarks(
             config.kafka.bootstrap_servers, topic, [tp.partition for tp in partitions], settings
         )
-        version = writer.version if writer is not None else "(not created)"
-        print(f"table {spec.uri} version {version}, topic {topic}")
-        print(f"{'partition':>9} {'txn app id':<32} {'committed':>12} {'high wm':>12} {'lag':>10}  last commit")
-        for tp in partitions:
-            done = committed[tp]
-            high = watermarks[tp.partition]
-            lag = high - (done + 1 if done is not None else 0)
-            print(
-                f"{tp.partition:>9} {spec.txn_ids.main(tp):<32} {'-' if done is None else done:>12} "
-                f"{high:>12} {lag:>10}  {last_commit.get(tp.partition, '-')}"
-            )
+        for spec in specs.values():
+            _status_table(config, spec, topic, partitions, watermarks)
     return EXIT_OK
+
+
+def _status_table(
+    config: Config, spec: TableSpec, topic: str, partitions: list[TopicPartition], watermarks: dict[int, int]
+) -> None:
+    try:
+        writer: DeltaWriter | DeferredTable | None = open_table_writer(config, spec, create=False)
+    except ConfigError:
+        writer = None  # not created yet
+    committed = writer.committed_offsets(partitions) if writer is not None else dict.fromkeys(partitions)
+    last_commit: dict[int, str] = {}
+    for entry in writer.history(1000) if isinstance(writer, DeltaWriter) else []:
+        info = entry.get("kafka2delta")
+        if not isinstance(info, dict):
+            continue
+        when = dt.datetime.fromtimestamp(entry["timestamp"] / 1000, dt.UTC).isoformat(timespec="seconds")
+        offsets = info.get("topics", {}).get(topic) or (info.get("offsets", {}) if info.get("topic") == topic else {})
+        for partition in offsets:
+            last_commit.setdefault(int(partition), f"{when} (v{entry['version']})")
+    version = writer.version if writer is not None else "(not created)"
+    print(f"table {spec.uri} version {version}, topic {topic}")
+    print(f"{'partition':>9} {'txn app id':<32} {'committed':>12} {'high wm':>12} {'lag':>10}  last commit")
+    for tp in partitions:
+        done = committed[tp]
+        high = watermarks[tp.partition]
+        lag = high - (done + 1 if done is not None else 0)
+        print(
+            f"{tp.partition:>9} {spec.txn_ids.main(tp):<32} {'-' if done is None else done:>12} "
+            f"{high:>12} {lag:>10}  {last_commit.get(tp.partition, '-')}"
+        )

@@ -152,6 +152,16 @@ class Routes:
     def _dead_letter_uri(self, route: _Route) -> str:
         return route.config.dead_letter_table_uri or self._config.dead_letter_table_uri
 
+    def _how_made(self, route: _Route) -> tuple[object, ...]:
+        """What a route says about its table beyond where it is: the settings one table can have only once."""
+        table, config = self._config.table, route.config
+        return (
+            tuple(sorted((config.schema or table.schema).items())),
+            config.partition_by or table.partition_by,
+            config.schema_evolution or table.schema_evolution,
+            config.metadata_columns or table.metadata_columns,
+        )
+
     def _check_app_ids(self) -> None:
         """Two routes writing one table must name its txns the same way, and keep its dead letters in one table
         (with ``[routing] expression``, every route: a partition's dead letters have one txn)."""
@@ -164,6 +174,19 @@ class Routes:
                     f"{route.key}.dead_letter_table_uri",
                     f"{self._dead_letter_uri(route)!r} differs from {earlier_letters[0]}'s {earlier_letters[1]!r}"
                     + (", and [routing] expression" if uri == "*" else f", which writes the same table {uri}"),
+                )
+        made: dict[str, tuple[str, tuple[object, ...]]] = {}
+        for route in self._routes:
+            uri = self._uri(route.config)
+            if TOPIC_PLACEHOLDER in uri:
+                continue
+            how = self._how_made(route)
+            earlier_how = made.setdefault(uri, (route.key, how))
+            if earlier_how[1] != how:
+                raise ConfigError(
+                    route.key,
+                    f"writes the same table {uri} as {earlier_how[0]} with other table settings (schema, "
+                    "partition_by, schema_evolution or metadata_columns): give both routes the same ones",
                 )
         seen: dict[str, tuple[str, str]] = {}
         for route in self._routes:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import os
 import random
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -95,6 +97,18 @@ def verified(setup: Setup, chaos_result: ChaosResult, per_partition: int) -> dic
         assert types == {name}, f"table {name} holds types {types}"
     letters = DeltaTable(setup.dead_letter_uri).to_pyarrow_table(columns=["stage"]).column("stage").to_pylist()
     assert "route" in letters and report["dead_letters"] == len(letters)
+    # `kafka2delta status` lists both tables of the topic, each at the partition's last offset.
+    status = subprocess.run(
+        [sys.executable, "-m", "kafka2delta", "status", "-c", str(setup.config_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+    for name in ROUTES:
+        assert f"table {setup.tmp_path / name} version" in status, status
+    last = per_partition - 1
+    assert status.count(f" {setup.app_id}-0 ") == len(ROUTES) and f" {last} " in status, status
     verdict_note = (
         f"verify: produced {report['produced']}, rows {report['rows']} "
         f"({', '.join(f'{n} {rows(setup, n)}' for n in ROUTES)}), dead letters {report['dead_letters']} "

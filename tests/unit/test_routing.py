@@ -186,3 +186,13 @@ def test_dead_letter_txns_name_the_topic_in_a_daemon_of_several_topics() -> None
     assert routes.dead_letter_txn_ids("a").legacy_dead_letters(TopicPartition("a", 0)) == "shop-dlq-0"
     single = Routes(config(K2D_KAFKA__TOPIC="a", K2D_TABLE__URI="/lake/a", K2D_TABLE__APP_ID="shop"))
     assert single.dead_letter_txn_ids("a").dead_letters(TopicPartition("a", 0)) == "shop-dlq-0"
+
+
+def test_routes_writing_one_table_must_make_it_the_same_way() -> None:
+    """One table has one schema, partitioning, evolution mode and set of metadata columns: a second route to
+    it with others would be silently ignored, so the config is refused naming the route."""
+    routes = '[{"topic": "a", "uri": "/lake/all"}, {"topic": "b", "uri": "/lake/all", "partition_by": ["day"]}]'
+    with pytest.raises(ConfigError, match=r"routes\[1\]: writes the same table /lake/all as routes\[0\]"):
+        Routes(config(K2D_KAFKA__TOPICS="a,b", K2D_ROUTES=routes, K2D_TABLE__SCHEMA='{"day": "string"}'))
+    same = '[{"name": "A", "topic": "a", "uri": "/lake/all"}, {"name": "B", "topic": "b", "uri": "/lake/all"}]'
+    assert Routes(config(K2D_KAFKA__TOPICS="a,b", K2D_ROUTES=same)).table_for("b").uri == "/lake/all"
