@@ -18,6 +18,7 @@ from types import FrameType
 import pyarrow as pa
 
 from kafka2delta import __version__, faults, verify
+from kafka2delta.changes import ChangeDeserializer
 from kafka2delta.coercions import CoercionOptions
 from kafka2delta.config import Config, load_config
 from kafka2delta.coordinator import open_coordinator
@@ -32,7 +33,7 @@ from kafka2delta.registry import SchemaRegistry
 from kafka2delta.routing import Routes, TableSpec
 from kafka2delta.runner import Ingestor
 from kafka2delta.schema import parse_schema
-from kafka2delta.serialization import build_deserializer
+from kafka2delta.serialization import Deserializer, build_deserializer, build_key_decoder
 from kafka2delta.spark import commands as spark_commands
 from kafka2delta.splitting import ROUTE_COLUMN, ROUTE_SCHEMA
 from kafka2delta.status import StatusServer
@@ -134,7 +135,10 @@ def build_pipeline(config: Config, table_schema: pa.Schema, spec: TableSpec | No
     """The stages as configured, fitted to ``table_schema`` (of ``spec``'s table; default: ``[table]``'s);
     a bad expression or format setting is a ConfigError."""
     registry = SchemaRegistry(config.schema_registry) if config.schema_registry.url else None
-    deserializer = build_deserializer(config.format, registry, config.kafka.topic)
+    deserializer: Deserializer = build_deserializer(config.format, registry, config.kafka.topic)
+    changes = spec.changes if spec is not None else None
+    if changes is not None:
+        deserializer = ChangeDeserializer(deserializer, build_key_decoder(config.format, registry), changes)
     metadata_columns = spec.metadata_columns if spec is not None else config.table.metadata_columns
     metadata = tuple((f"kafka_{name}", f"kafka.{name}") for name in metadata_columns)
     transformer = Transformer(config.transforms + metadata, config.filter.expression)
@@ -154,6 +158,7 @@ def build_pipeline(config: Config, table_schema: pa.Schema, spec: TableSpec | No
         options,
         "merge" if evolution == "merge" else "none",
         table=spec.name if spec is not None else None,
+        changes=changes,
     )
 
 

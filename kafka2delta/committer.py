@@ -22,9 +22,11 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from kafka2delta import faults
 from kafka2delta.assignment import PartitionState
+from kafka2delta.changes import last_changes
 from kafka2delta.edges import DeadLetterProducer, DeadLetterStore, TableWriter
 from kafka2delta.errors import CommitConflict, RetryableError, RowsRejected, SchemaChanged
 from kafka2delta.metrics import Metrics
@@ -107,7 +109,8 @@ class Committer:
             pending.schema_checked = True
         schema = self._pipeline.schema
         evolving = not schema.equals(self.table_schema, check_metadata=False)
-        self._write_files(pending, schema, evolving)
+        # An evolution commit or a MERGE writes its files itself (delta-rs): here its rows are only checked.
+        self._write_files(pending, schema, evolving or self._pipeline.changes is not None)
         faults.point("after_parquet_write")
         self._commit_dead_letters(pending, partitions)
         faults.point("after_dead_letter_commit")
@@ -126,6 +129,15 @@ class Committer:
         # A txn never moves back (a lane behind its table's version would otherwise undo later commits).
         versions = {p: max(r.last, _or_minus_one(expected[p])) for p, r in ranges.items()}
         started = self._clock()
+        changes = self._pipeline.changes
+        if changes is not None:
+            source = self._last_changes(taken, schema, changes.key)
+            metadata.update(mode="upsert", changes=source.num_rows)
+            version = self._writer.merge(source, changes, expected, versions, metadata, evolve=evolving)
+            self.commit_seconds = self._clock() - started
+            if evolving:
+                self._evolved(version, schema)
+            return version
         if not evolving:
             actions = [action for partition in taken for action in pending.files[partition]]
             version = self._writer.commit(actions, expected, versions, metadata)
@@ -136,10 +148,30 @@ class Committer:
         metadata["added_columns"] = added
         version = self._writer.commit_evolution(rows, expected, versions, metadata)
         self.commit_seconds = self._clock() - started
+        self._evolved(version, schema)
+        return version
+
+    def _evolved(self, version: int, schema: pa.Schema) -> None:
+        added = evolve(self.table_schema, schema, inferred=False).added
         self._metrics.columns_added(self.name, len(added))
         logger.info("schema evolution committed in version %d: the table schema is now %s", version, schema)
         self.adopt_schema(self._writer.schema)
-        return version
+
+    @staticmethod
+    def _last_changes(
+        taken: Mapping[TopicPartition, PartitionBuffer], schema: pa.Schema, key: Sequence[str]
+    ) -> pa.Table:
+        """The MERGE source: the buffered changes of every partition, collapsed to the last change per key
+        (by partition, then offset). A delete whose key the table cannot hold (null) matches nothing: left out."""
+        ordered = [taken[tp] for tp in sorted(taken)]
+        rows = pa.concat_tables([b.to_table(schema) for b in ordered]) if ordered else schema.empty_table()
+        deletes = pa.concat_arrays([b.deletes() for b in ordered]) if ordered else pa.array([], pa.bool_())
+        if any(column not in rows.column_names for column in key):
+            return last_changes(rows.slice(0, 0), deletes.slice(0, 0), [])
+        keyed = pc.is_valid(rows.column(key[0]))
+        for column in key[1:]:
+            keyed = pc.and_(keyed, pc.is_valid(rows.column(column)))
+        return last_changes(rows.filter(keyed), deletes.filter(keyed), key)
 
     def mark_starts(self, starts: Mapping[TopicPartition, int]) -> int:
         """An empty commit giving partitions that have no txn in this table their first one (``starts``: the

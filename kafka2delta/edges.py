@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
 
+from kafka2delta.changes import ChangeOptions
 from kafka2delta.offsets import LogicalOffset
 from kafka2delta.records import ConsumedBatch, DeadLetter, OffsetRange, TopicPartition
 
@@ -110,6 +111,19 @@ class TableWriter(Protocol):
         metadata: dict[str, Any],
     ) -> int:
         """Commit ``rows`` whose schema adds columns, the new schema and the txns in one commit."""
+        ...
+
+    def merge(
+        self,
+        changes: pa.Table,
+        options: ChangeOptions,
+        expected: Mapping[TopicPartition, int | None],
+        versions: Mapping[TopicPartition, int],
+        metadata: dict[str, Any],
+        *,
+        evolve: bool,
+    ) -> int:
+        """Upsert tables: apply the last change per key and the txns in one MERGE commit."""
         ...
 
 

@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any, Literal
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from kafka2delta.bisection import isolate_failures
+from kafka2delta.changes import ChangeOptions
 from kafka2delta.coercions import CoercionOptions, coerce_document, coerce_table
 from kafka2delta.errors import MessageError
 from kafka2delta.records import DeadLetter, PartitionMessages, ProcessedPartition, Stage, payload_json
@@ -86,9 +89,13 @@ class Pipeline:
         schema_evolution: Literal["none", "merge"] = "none",
         *,
         table: str | None = None,
+        changes: ChangeOptions | None = None,
     ) -> None:
-        """``table`` names the table the rows go to in the dead letters (their ``table`` column)."""
+        """``table`` names the table the rows go to in the dead letters (their ``table`` column). ``changes``
+        makes the rows changes of an upsert table: every message counts (a tombstone deletes its key), deletes
+        skip the transforms and keep only their key and change columns, and each row says whether it deletes."""
         self._table = table
+        self.changes = changes
         self._deserializer = deserializer
         self._transformer = transformer if transformer is not None and transformer.active else None
         self._options = options or CoercionOptions()
@@ -121,6 +128,8 @@ class Pipeline:
         result = outcome.result(messages, self._schema)
         if self._schema is not before:
             result = self._keep_used_columns(result, before)
+        if self.changes is not None:
+            result = _without_null_keys(result, messages, self.changes.key, self._table)
         return result
 
     def _keep_used_columns(self, result: ProcessedPartition, before: pa.Schema) -> ProcessedPartition:
@@ -140,9 +149,12 @@ class Pipeline:
 
     def _run(self, messages: PartitionMessages, may_reread: bool) -> _Outcome:
         outcome = _Outcome(messages, self._table)
-        non_empty = [i for i, payload in enumerate(messages.payloads) if payload]
-        outcome.skipped_empty = len(messages) - len(non_empty)
-        decoded = self._deserializer.decode(messages, non_empty)
+        if self.changes is None:
+            taken = [i for i, payload in enumerate(messages.payloads) if payload]
+        else:
+            taken = list(range(len(messages)))  # a tombstone is the delete of its key
+        outcome.skipped_empty = len(messages) - len(taken)
+        decoded = self._deserializer.decode(messages, taken)
         for position, error in decoded.failures:
             outcome.dead(position, error)
 
@@ -174,7 +186,26 @@ class Pipeline:
             declined = {fast_positions[i]: decoded.documents.get(fast_positions[i]) for i in coerced.fallback}
             documents.update(self._slow_documents(messages, decoded, declined, outcome))
         self._coerce_documents(messages, documents, outcome)
+        if decoded.deletes:
+            self._coerce_deletes(messages, decoded.deletes, outcome)
         return outcome
+
+    def _coerce_deletes(
+        self, messages: PartitionMessages, deletes: Mapping[int, dict[str, Any]], outcome: _Outcome
+    ) -> None:
+        """Deletes name a key: only their key and change columns are fitted (the other columns stay null)."""
+        schema = pa.schema([f.with_nullable(True) for f in self._schema if f.name in deletes[min(deletes)]])
+        for position, document in sorted(deletes.items()):
+            try:
+                row, _ = coerce_document(document, schema, self._options)
+                table = pa.Table.from_pylist([row], schema=schema)
+            except MessageError as error:
+                outcome.dead(position, error, document)
+                continue
+            except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, ValueError, TypeError) as exc:
+                outcome.dead(position, MessageError("coerce", f"the key cannot be fitted to the table: {exc}"))
+                continue
+            outcome.add_rows(table, [position], delete=True)
 
     def _slow_documents(
         self,
@@ -308,6 +339,7 @@ class _Outcome:
         self._table = table
         self._tables: list[pa.Table] = []
         self._positions: list[int] = []
+        self._deletes: set[int] = set()
         self.dead_letters: list[DeadLetter] = []
         self.skipped_empty = 0
         self.filtered = 0
@@ -334,10 +366,12 @@ class _Outcome:
             )
         )
 
-    def add_rows(self, table: pa.Table, positions: list[int]) -> None:
+    def add_rows(self, table: pa.Table, positions: list[int], *, delete: bool = False) -> None:
         if positions:
             self._tables.append(table)
             self._positions.extend(positions)
+            if delete:
+                self._deletes.update(positions)
 
     def note_evolution(self, added: list[str], rejected: list[str]) -> None:
         self.added.extend(added)
@@ -377,7 +411,63 @@ class _Outcome:
             skipped_filtered=self.filtered,
             unknown_fields=self.unknown_fields,
             added_columns=self.added,
+            row_deletes=pa.array([p in self._deletes for p in positions], pa.bool_()) if self._deletes else None,
         )
+
+
+def _without_null_keys(
+    result: ProcessedPartition, messages: PartitionMessages, key: Sequence[str], table: str | None
+) -> ProcessedPartition:
+    """Upsert rows whose key a transform made null (or whose key column the table lacks) are dead letters:
+    a row without its key could never be updated or deleted again."""
+    rows = result.rows
+    if not rows.num_rows:
+        return result
+    missing = [column for column in key if column not in rows.column_names]
+    if missing:
+        null = pa.array([True] * rows.num_rows)
+    else:
+        null = pc.is_null(rows.column(key[0]))
+        for column in key[1:]:
+            null = pc.or_(null, pc.is_null(rows.column(column)))
+    deletes = result.row_deletes
+    # A delete of a key the table cannot hold deletes nothing: it stays (the MERGE matches no row with it).
+    bad = null if deletes is None else pc.and_(null, pc.invert(deletes))
+    if not pc.any(bad).as_py():
+        return result
+    index_of = {offset: index for index, offset in enumerate(messages.offsets)}
+    keep = pc.invert(bad)
+    letters = list(result.dead_letters)
+    for offset, failed in zip(result.row_offsets, bad.to_pylist(), strict=True):
+        if failed:
+            position = index_of[offset]
+            payload = messages.payloads[position] or b""
+            reason = f"the table has no key column {missing}" if missing else f"a key column of {list(key)} is null"
+            letters.append(
+                DeadLetter(
+                    topic=messages.topic,
+                    partition=messages.partition,
+                    offset=offset,
+                    stage="coerce",
+                    reason=reason,
+                    payload=payload,
+                    key=messages.key(position),
+                    timestamp_ms=messages.timestamps_ms[position],
+                    payload_json=payload_json(payload),
+                    table=table,
+                )
+            )
+    letters.sort(key=lambda letter: letter.offset)
+    kept = [o for o, failed in zip(result.row_offsets, bad.to_pylist(), strict=True) if not failed]
+    stamps = result.row_timestamps_ms
+    return replace(
+        result,
+        rows=rows.filter(keep),
+        row_offsets=kept,
+        row_timestamps_ms=stamps.filter(keep) if stamps is not None else None,
+        row_deletes=result.row_deletes.filter(keep) if result.row_deletes is not None else None,
+        dead_letters=letters,
+    )
 
 
 def _row_timestamps(messages: PartitionMessages, positions: list[int]) -> pa.Array:

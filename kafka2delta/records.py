@@ -175,6 +175,8 @@ class ProcessedPartition:
     """Columns (dotted paths) this batch added to the schema (``schema_evolution = "merge"``)."""
     row_timestamps_ms: pa.Array | None = None
     """The Kafka timestamp (epoch ms, int64) of each row, aligned with ``row_offsets`` (end-to-end latency)."""
+    row_deletes: pa.Array | None = None
+    """Upsert tables: whether each row deletes its key (bool, aligned with ``row_offsets``); None: no deletes."""
 
     @property
     def topic_partition(self) -> TopicPartition:

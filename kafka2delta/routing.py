@@ -18,6 +18,7 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from kafka2delta.changes import ChangeOptions
 from kafka2delta.config import METADATA_COLUMNS, TOPIC_PLACEHOLDER, Config, RouteConfig
 from kafka2delta.errors import ConfigError
 from kafka2delta.offsets import TxnIds
@@ -40,6 +41,8 @@ class TableSpec:
     """The route's key in the config (``routes[2]``, or ``table``), for errors."""
     dead_letter_uri: str
     """The dead-letter table of the topics this table takes (a route's own, or the daemon's)."""
+    changes: ChangeOptions | None = None
+    """Upsert tables (``mode = "upsert"``): the key, envelope, delete mode and change columns; None: append."""
 
 
 @dataclass(frozen=True)
@@ -134,9 +137,16 @@ class Routes:
         uri = self._uri(config).replace(TOPIC_PLACEHOLDER, topic)
         metadata = config.metadata_columns or table.metadata_columns
         columns = dict(config.schema or table.schema)
+        changes = self._changes(config)
         if columns:
             for name in metadata:
                 columns.setdefault(f"kafka_{name}", METADATA_COLUMNS[name])
+            if changes is not None:
+                for name, type_name in changes.table_columns().items():
+                    columns.setdefault(name, type_name)
+                for name in changes.key:  # a key column is never null
+                    if not columns[name].strip().lower().endswith(" not null"):
+                        columns[name] = f"{columns[name]} not null"
         return TableSpec(
             name=config.name or uri,
             uri=uri,
@@ -147,6 +157,18 @@ class Routes:
             metadata_columns=metadata,
             route=route.key,
             dead_letter_uri=self._dead_letter_uri(route),
+            changes=changes,
+        )
+
+    def _changes(self, config: RouteConfig) -> ChangeOptions | None:
+        table = self._config.table
+        if (config.mode or table.mode) != "upsert":
+            return None
+        return ChangeOptions(
+            key=config.key or table.key,
+            envelope=self._config.format.envelope,
+            delete_mode="soft" if (config.delete_mode or table.delete_mode) == "soft" else "hard",
+            change_columns=config.change_columns or table.change_columns,
         )
 
     def _dead_letter_uri(self, route: _Route) -> str:
@@ -160,6 +182,7 @@ class Routes:
             config.partition_by or table.partition_by,
             config.schema_evolution or table.schema_evolution,
             config.metadata_columns or table.metadata_columns,
+            self._changes(config),
         )
 
     def _check_app_ids(self) -> None:
@@ -186,7 +209,8 @@ class Routes:
                 raise ConfigError(
                     route.key,
                     f"writes the same table {uri} as {earlier_how[0]} with other table settings (schema, "
-                    "partition_by, schema_evolution or metadata_columns): give both routes the same ones",
+                    "partition_by, schema_evolution, metadata_columns, mode, key, delete_mode or change_columns): "
+                    "give both routes the same ones",
                 )
         seen: dict[str, tuple[str, str]] = {}
         for route in self._routes:

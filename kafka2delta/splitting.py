@@ -116,10 +116,12 @@ def after(processed: ProcessedPartition, committed: int | None) -> ProcessedPart
     keep = [i for i, offset in enumerate(processed.row_offsets) if offset > committed]
     rows = processed.rows.take(pa.array(keep, pa.int64())) if processed.rows.num_columns else processed.rows
     stamps = processed.row_timestamps_ms
+    deletes = processed.row_deletes
     return replace(
         processed,
         rows=rows,
         row_offsets=[processed.row_offsets[i] for i in keep],
         row_timestamps_ms=pc.take(stamps, pa.array(keep, pa.int64())) if stamps is not None else None,
+        row_deletes=pc.take(deletes, pa.array(keep, pa.int64())) if deletes is not None else None,
         dead_letters=[letter for letter in processed.dead_letters if letter.offset > committed],
     )

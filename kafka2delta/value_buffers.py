@@ -26,6 +26,8 @@ class PartitionBuffer:
     row_offsets: list[pa.Array] = field(default_factory=list)
     row_timestamps_ms: list[pa.Array] = field(default_factory=list)
     """The Kafka timestamp (epoch ms) of each buffered row, aligned with ``row_offsets`` when every piece had them."""
+    row_deletes: list[pa.Array] = field(default_factory=list)
+    """Upsert tables: whether each buffered row deletes its key, aligned with ``row_offsets``."""
     dead_letters: list[DeadLetter] = field(default_factory=list)
     messages: int = 0
     rows: int = 0
@@ -48,12 +50,17 @@ class PartitionBuffer:
             return None
         return pa.concat_arrays(self.row_timestamps_ms) if self.row_timestamps_ms else pa.array([], pa.int64())
 
+    def deletes(self) -> pa.Array:
+        """Whether each buffered row deletes its key (upsert tables), aligned with :meth:`to_table`."""
+        return pa.concat_arrays(self.row_deletes) if self.row_deletes else pa.array([False] * self.rows, pa.bool_())
+
     def reject_rows(self, positions: list[int], schema: pa.Schema) -> None:
         """Take rows out of the buffer (Parquet refused them; they became dead letters)."""
         keep = pa.array(sorted(set(range(self.rows)) - set(positions)), pa.int64())
         table, offsets = self.to_table(schema).take(keep), self.offsets().take(keep)
         stamps = self.timestamps()
         self.row_timestamps_ms = [stamps.take(keep)] if stamps is not None else []
+        self.row_deletes = [self.deletes().take(keep)] if self.row_deletes else []
         self.tables, self.row_offsets, self.rows = [table], [offsets], table.num_rows
 
 
@@ -107,6 +114,13 @@ class ValueBuffers:
             buffer.row_offsets.append(pa.array(processed.row_offsets, pa.int64()))
             if processed.row_timestamps_ms is not None:
                 buffer.row_timestamps_ms.append(processed.row_timestamps_ms)
+            if processed.row_deletes is not None or buffer.row_deletes:
+                if not buffer.row_deletes and buffer.rows:  # the pieces before held upserts only
+                    buffer.row_deletes.append(pa.array([False] * buffer.rows, pa.bool_()))
+                deletes = processed.row_deletes
+                buffer.row_deletes.append(
+                    deletes if deletes is not None else pa.array([False] * processed.rows.num_rows, pa.bool_())
+                )
             buffer.rows += processed.rows.num_rows
             buffer.nbytes += processed.rows.nbytes
 

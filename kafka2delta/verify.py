@@ -26,6 +26,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -42,6 +43,7 @@ from kafka2delta.pipeline import Pipeline
 from kafka2delta.records import PartitionMessages
 from kafka2delta.routing import Routes, TableSpec
 from kafka2delta.schema import parse_schema
+from kafka2delta.verify_changes import ChangesReport, check_changes, dead_letter_offsets
 from kafka2delta.writer import log_versions
 
 logger = logging.getLogger(__name__)
@@ -555,13 +557,36 @@ def check(
     config: Config,
     timeout_s: float | None = None,
     pipeline_factory: Callable[[pa.Schema, TableSpec], Pipeline] | None = None,
-) -> list[Report]:
+) -> list[Report | ChangesReport]:
     """The whole check: every subscribed topic against its table and the dead-letter table. ``pipeline_factory``
     builds the daemon's stages for a table (needed only with a ``[filter]``, to tell filtered messages apart)."""
     routes = Routes(config)
     settings = {k: v for k, v in config.kafka.settings.items() if k not in _CONSUMER_ONLY_FOR_GROUPS}
-    reports = []
+    reports: list[Report | ChangesReport] = []
     for topic in subscribed_topics(config.kafka.bootstrap_servers, config.kafka, settings):
+        upsert = routes.table_for(topic)
+        if upsert.changes is not None:
+            if pipeline_factory is None:
+                raise ConfigError(f"{upsert.route}.mode", "verify needs the daemon's stages to check an upsert table")
+            app_ids = routes.dead_letter_app_ids(topic)
+            reports.append(
+                check_changes(
+                    upsert,
+                    topic,
+                    config.kafka.bootstrap_servers,
+                    settings,
+                    config.table.storage_options,
+                    topic_partitions(config.kafka.bootstrap_servers, topic, settings),
+                    partial(
+                        dead_letter_offsets,
+                        upsert.dead_letter_uri,
+                        config.table.storage_options,
+                        dead_letter_filter(app_ids, topic),
+                    ),
+                    pipeline_factory,
+                )
+            )
+            continue
         # With [routing] expression a topic's messages spread over its routes' tables: their rows are read as one.
         specs = {spec.uri: spec for spec in [routes.table_for(topic)]}
         if config.routing.expression:

@@ -28,6 +28,7 @@ from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundErr
 from deltalake.transaction import AddAction, RemoveAction
 
 from kafka2delta.bisection import isolate_failures
+from kafka2delta.changes import DELETE_FLAG, ChangeOptions
 from kafka2delta.errors import (
     CommitConflict,
     ConfigError,
@@ -37,6 +38,7 @@ from kafka2delta.errors import (
     SchemaChanged,
     TableNotCreated,
 )
+from kafka2delta.merging import merge_changes
 from kafka2delta.offsets import CommitOutcome, classify_commit
 from kafka2delta.records import OffsetRange, TopicPartition
 
@@ -189,6 +191,8 @@ class DeltaWriter:
         self._checkpoint_interval = checkpoint_interval
         # The txn versions of a commit that landed but whose log refresh failed (the retry returns them).
         self._landed: dict[TopicPartition, int] | None = None
+        self.last_merge: dict[str, Any] = {}
+        """delta-rs's metrics of the last MERGE (files and rows touched), for logs and metrics."""
         self._filesystem, self._root = _filesystem(uri, storage_options)
         self.schema: pa.Schema = _table_schema(table)
         """The table schema as of the last refresh or commit of this writer."""
@@ -445,6 +449,37 @@ class DeltaWriter:
 
         return self._transaction(expected, versions, metadata, run)
 
+    def merge(
+        self,
+        changes: pa.Table,
+        options: ChangeOptions,
+        expected: Mapping[TopicPartition, int | None],
+        versions: Mapping[TopicPartition, int],
+        metadata: dict[str, Any],
+        *,
+        evolve: bool,
+    ) -> int:
+        """Apply ``changes`` (the last change per key) with one MERGE whose commit holds the txns (upsert
+        tables; ``evolve``: the changes add columns, committed in the same commit)."""
+        stats: dict[str, Any] = {}
+
+        def run(properties: CommitProperties) -> None:
+            stats.update(
+                merge_changes(
+                    self._table,
+                    changes,
+                    options,
+                    partition_by=self.partition_by,
+                    evolve=evolve,
+                    compression=self._compression,
+                    properties=properties,
+                )
+            )
+
+        version = self._transaction(expected, versions, metadata, run)
+        self.last_merge = stats
+        return version
+
     def _transaction(
         self,
         expected: Mapping[TopicPartition, int | None],
@@ -612,6 +647,31 @@ class DeferredTable:
         version = self._created(rows.schema).commit_evolution(rows, expected, versions, metadata)
         self.schema = self._created(rows.schema).schema
         return version
+
+    def merge(
+        self,
+        changes: pa.Table,
+        options: ChangeOptions,
+        expected: Mapping[TopicPartition, int | None],
+        versions: Mapping[TopicPartition, int],
+        metadata: dict[str, Any],
+        *,
+        evolve: bool,
+    ) -> int:
+        """The first MERGE creates the table from the changes' columns, the key columns ``not null``."""
+        exists = self._exists()
+        if not changes.num_rows and not exists:
+            raise TableNotCreated(self._uri)
+        columns = [f.with_nullable(f.name not in options.key) for f in changes.schema if f.name != DELETE_FLAG]
+        writer = self._created(pa.schema(columns))
+        # A table just created from the changes' columns has them all: the MERGE adds none.
+        version = writer.merge(changes, options, expected, versions, metadata, evolve=evolve and exists)
+        self.schema = writer.schema
+        return version
+
+    @property
+    def last_merge(self) -> dict[str, Any]:
+        return self._writer.last_merge if self._writer is not None else {}
 
     def _exists(self) -> bool:
         if self._writer is None:

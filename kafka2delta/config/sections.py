@@ -100,6 +100,18 @@ class TableConfig:
     metadata_columns: tuple[str, ...] = ()
     """Kafka metadata recorded in every row, as columns ``kafka_<name>``: any of ``topic``, ``partition``,
     ``offset``, ``timestamp``, ``timestamp_type``, ``key``. ``kafka2delta verify`` needs partition and offset."""
+    mode: Literal["append", "upsert"] = "append"
+    """``append``: every message is a new row. ``upsert``: the table holds the current state of each ``key``;
+    a message is its key's new row, a tombstone (or a Debezium delete, ``format.envelope``) deletes it; each
+    flush is one MERGE (README "Upsert tables")."""
+    key: tuple[str, ...] = ()
+    """``upsert``: the primary-key columns (from the message value; for a delete, from the Kafka key)."""
+    delete_mode: Literal["hard", "soft"] = "hard"
+    """``upsert``: ``hard`` removes a deleted key's row; ``soft`` keeps it with ``_deleted = true``."""
+    change_columns: tuple[str, ...] = ()
+    """``upsert``: columns recording each row's last change: ``op`` (``_op``: c, r, u, d), ``source_ts``
+    (``_source_ts``: when the source database made it) and ``lsn`` (``_lsn``: its source position); the last two
+    need ``format.envelope = "debezium"``."""
 
 
 @dataclass(frozen=True)
@@ -127,6 +139,11 @@ class RouteConfig:
     """As ``table.schema_evolution`` (empty: ``[table]``'s)."""
     metadata_columns: tuple[str, ...] = ()
     """As ``table.metadata_columns`` (empty: ``[table]``'s)."""
+    mode: Literal["", "append", "upsert"] = ""
+    """As ``table.mode`` (empty: ``[table]``'s); ``key``, ``delete_mode`` and ``change_columns`` likewise."""
+    key: tuple[str, ...] = ()
+    delete_mode: Literal["", "hard", "soft"] = ""
+    change_columns: tuple[str, ...] = ()
     dead_letter_table_uri: str = ""
     """This route's own dead-letter table (empty: the daemon's, ``dead_letters.table_uri``). Routes writing one
     table, and with ``[routing] expression`` all routes, must share one."""
@@ -177,7 +194,11 @@ class FormatConfig:
     raw_column: str = "value"
     """``raw``: the column receiving the payload (a ``string`` column gets UTF-8 text, ``binary`` the bytes)."""
     key: Literal["none", "string", "json", "avro"] = "none"
-    """How the message key is decoded for ``kafka.key`` in transforms (``avro`` needs the registry)."""
+    """How the message key is decoded for ``kafka.key`` in transforms and for the deletes of upsert tables
+    (``avro`` needs the registry)."""
+    envelope: Literal["none", "debezium"] = "none"
+    """Upsert tables: ``none`` (the value is the key's new state) or ``debezium`` (change events with
+    ``before``/``after``/``op``, with or without the JSON converter's embedded schema, or Avro)."""
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from kafka2delta.config.sections import METADATA_COLUMNS, TOPIC_PLACEHOLDER, Config
+from kafka2delta.config.sections import METADATA_COLUMNS, TOPIC_PLACEHOLDER, Config, RouteConfig
 from kafka2delta.errors import ConfigError
 from kafka2delta.schema import parse_schema
 
@@ -50,6 +50,7 @@ def validate(config: Config) -> None:
             if column not in schema.names:
                 raise ConfigError("table.partition_by", f"column {column!r} is not in table.schema")
     _validate_format(config)
+    _validate_changes(config)
     _validate_spark_jobs(config)
     for name in config.table.metadata_columns:
         if name not in METADATA_COLUMNS:
@@ -122,6 +123,61 @@ def _validate_format(config: Config) -> None:
         raise ConfigError("format.avro_schema_file", f"is only used with format.type = 'avro', not {fmt.type!r}")
     if registry.password and not registry.username:
         raise ConfigError("schema_registry.username", "is required when schema_registry.password is set")
+
+
+CHANGE_COLUMN_NAMES = ("op", "source_ts", "lsn")
+_ENVELOPE_COLUMNS = ("source_ts", "lsn")
+
+
+def _validate_changes(config: Config) -> None:
+    """Upsert tables: a key the messages (and, for deletes, the Kafka keys) can give, a format and envelope
+    that carry changes, and messages routed by topic (a tombstone has no value for an expression to read)."""
+    table = config.table
+    tables = [("table", RouteConfig(), table.schema)] if table.uri else []
+    tables += [(f"routes[{i}]", route, route.schema or table.schema) for i, route in enumerate(config.routes)]
+    upserts = 0
+    for prefix, route, columns in tables:
+        mode = route.mode or table.mode
+        key = route.key or table.key
+        change_columns = route.change_columns or table.change_columns
+        if mode != "upsert":
+            own = table if prefix == "table" else route
+            if own.key:
+                raise ConfigError(f"{prefix}.key", 'is only used with mode = "upsert"')
+            if own.change_columns:
+                raise ConfigError(f"{prefix}.change_columns", 'is only used with mode = "upsert"')
+            continue
+        upserts += 1
+        key_at = f"{prefix}.key" if route.key else "table.key"
+        if not key:
+            raise ConfigError(key_at, 'required with mode = "upsert": the primary-key columns, e.g. key = ["id"]')
+        if len(set(key)) != len(key):
+            raise ConfigError(key_at, f"lists a column twice: {list(key)}")
+        if columns and any(column not in columns for column in key):
+            missing = [column for column in key if column not in columns]
+            raise ConfigError(key_at, f"column(s) {missing} are not in the table schema")
+        at = f"{prefix}.change_columns" if route.change_columns else "table.change_columns"
+        for name in change_columns:
+            if name not in CHANGE_COLUMN_NAMES:
+                raise ConfigError(at, f"unknown {name!r} (known: {', '.join(CHANGE_COLUMN_NAMES)})")
+            if name in _ENVELOPE_COLUMNS and config.format.envelope != "debezium":
+                raise ConfigError(at, f"{name!r} needs format.envelope = 'debezium' (the event's source gives it)")
+    if not upserts:
+        if config.format.envelope != "none":
+            raise ConfigError("format.envelope", "is only used with table.mode = 'upsert' (or a route's mode)")
+        return
+    if config.format.key == "none":
+        raise ConfigError(
+            "format.key",
+            'upsert tables read the key of a delete (a tombstone) from the Kafka key: set "json", "avro" or "string"',
+        )
+    if config.format.type == "raw":
+        raise ConfigError("format.type", "upsert tables need a format with fields (json, avro or protobuf), not raw")
+    if config.routing.expression.strip():
+        raise ConfigError(
+            "routing.expression",
+            "cannot route the changes of upsert tables (a tombstone has no value to read): route them by topic",
+        )
 
 
 def _validate_spark_jobs(config: Config) -> None:

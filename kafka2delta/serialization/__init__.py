@@ -83,6 +83,7 @@ __all__ = [
     "RawDeserializer",
     "avro_to_arrow",
     "build_deserializer",
+    "build_key_decoder",
     "compile_proto",
     "gunzip",
     "json_readable",
@@ -98,7 +99,7 @@ __all__ = [
 def build_deserializer(format: FormatConfig, registry: SchemaRegistry | None, topic: str) -> Deserializer:
     """The deserializer for ``[format]``; ConfigError when the configuration cannot work
     (an unreadable ``avro_schema_file``, protobuf or Avro keys without a registry)."""
-    keys = _build_key_decoder(format, registry)
+    keys = build_key_decoder(format, registry)
     if format.type == "json":
         return JsonDeserializer(keys, gzip=format.gzip)
     if format.type == "raw":
@@ -115,7 +116,8 @@ def build_deserializer(format: FormatConfig, registry: SchemaRegistry | None, to
     raise ConfigError("format.type", f"unknown format {format.type!r}")
 
 
-def _build_key_decoder(format: FormatConfig, registry: SchemaRegistry | None) -> KeyDecoder | None:
+def build_key_decoder(format: FormatConfig, registry: SchemaRegistry | None) -> KeyDecoder | None:
+    """The decoder of ``format.key`` (None for ``none``)."""
     if format.key == "none":
         return None
     if format.key == "string":

@@ -44,6 +44,8 @@ class Decoded:
     typed: bool = False
     """True when ``table``'s column types come from a writer schema (Avro, Protobuf), so schema
     evolution can trust them; False when they were inferred from the data (JSON)."""
+    deletes: dict[int, dict[str, Any]] = field(default_factory=dict)
+    """Upsert tables only: position → the key (and change) columns of a message that deletes its key."""
 
 
 class Deserializer(Protocol):
@@ -54,7 +56,7 @@ class Deserializer(Protocol):
         ...
 
     def decode(self, messages: PartitionMessages, positions: Sequence[int]) -> Decoded:
-        """Decode the messages at ``positions`` (non-empty payloads)."""
+        """Decode the messages at ``positions`` (non-empty payloads; every message for an upsert table)."""
         ...
 
     def document(self, messages: PartitionMessages, position: int) -> dict[str, Any]:

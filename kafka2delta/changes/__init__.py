@@ -1,0 +1,24 @@
+"""Change events → current-state tables (``table.mode = "upsert"``).
+
+``options`` (what makes a table an upsert table), ``connect`` (Kafka Connect/Debezium schemas and logical
+types → Arrow), ``envelope`` (one event → a :class:`Change`: upsert or delete of a key), ``decoder`` (the
+deserialize stage of an upsert table) and ``collapse`` (a flush's changes → the last change per key, the
+MERGE source). The MERGE itself is the Delta edge's (:meth:`kafka2delta.writer.DeltaWriter.merge`).
+"""
+
+from kafka2delta.changes.collapse import last_changes
+from kafka2delta.changes.decoder import ChangeDeserializer
+from kafka2delta.changes.envelope import Change, debezium_change, plain_change
+from kafka2delta.changes.options import CHANGE_COLUMNS, DELETE_FLAG, DELETED_COLUMN, ChangeOptions
+
+__all__ = [
+    "CHANGE_COLUMNS",
+    "DELETED_COLUMN",
+    "DELETE_FLAG",
+    "Change",
+    "ChangeDeserializer",
+    "ChangeOptions",
+    "debezium_change",
+    "last_changes",
+    "plain_change",
+]

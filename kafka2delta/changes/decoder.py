@@ -1,0 +1,128 @@
+"""The deserialize stage of an upsert table: the format's deserializer for the bytes, then the envelope
+(:mod:`kafka2delta.changes.envelope`) for what each message does to its key.
+
+It satisfies the :class:`~kafka2delta.serialization.Deserializer` protocol, so the pipeline runs the same
+stages after it. What differs from an append table's deserializer:
+
+* a tombstone (a null or empty value) is a message like any other: the delete of its Kafka key;
+* deletes come back apart (``Decoded.deletes``: the key columns and the change columns), because they carry
+  no row to transform or fit: they only name a key;
+* upserts whose Connect schema is known come back as one Arrow table typed by it (``typed``: the table is
+  created, and evolves, with the source's types), keys first; the rest as documents;
+* the change columns (``_op``, ``_source_ts``, ``_lsn``; ``_deleted`` for soft deletes) are added to every
+  row the table has them for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from kafka2delta.changes.connect import fit_to_column
+from kafka2delta.changes.envelope import Change, debezium_change, plain_change, source_timestamp
+from kafka2delta.changes.options import DELETED_COLUMN, ChangeOptions
+from kafka2delta.errors import MessageError
+from kafka2delta.records import PartitionMessages
+from kafka2delta.serialization.base import Decoded, Deserializer, KeyDecoder, decode_error
+
+
+class ChangeDeserializer:
+    typed = True
+
+    def __init__(self, inner: Deserializer, keys: KeyDecoder | None, options: ChangeOptions) -> None:
+        self._inner = inner
+        self._keys = keys
+        self._options = options
+        self._unwrap = debezium_change if options.envelope == "debezium" else plain_change
+        self._table_schema = pa.schema([])
+        self._extra: dict[str, pa.Field] = {
+            name: pa.field(name, data_type) for name, data_type in options.extra_columns().items()
+        }
+
+    def set_read_schema(self, schema: pa.Schema, table_schema: pa.Schema | None = None) -> None:
+        self._table_schema = table_schema if table_schema is not None else schema
+        self._inner.set_read_schema(schema, table_schema)
+
+    def decode(self, messages: PartitionMessages, positions: Sequence[int]) -> Decoded:
+        upserts: dict[int, Change] = {}
+        deletes: dict[int, dict[str, Any]] = {}
+        failures: list[tuple[int, MessageError]] = []
+        for position in sorted(positions):
+            try:
+                change = self.change(messages, position)
+            except MessageError as error:
+                failures.append((position, error))
+                continue
+            if change.delete:
+                deletes[position] = self._document(change)
+            else:
+                upserts[position] = change
+        documents = {position: self._document(change) for position, change in upserts.items()}
+        table, fast = self._typed_table(upserts, documents)
+        return Decoded(table=table, fast=fast, documents=documents, failures=failures, typed=True, deletes=deletes)
+
+    def document(self, messages: PartitionMessages, position: int) -> dict[str, Any]:
+        return self._document(self.change(messages, position))
+
+    def change(self, messages: PartitionMessages, position: int) -> Change:
+        """What the message at ``position`` does; MessageError (stage deserialize) when it cannot be read."""
+        key = None
+        raw_key = messages.key(position)
+        if self._keys is not None and raw_key is not None:
+            try:
+                key = self._keys(raw_key)
+            except MessageError as exc:
+                raise decode_error(f"key: {exc.reason}") from exc
+        value = self._inner.document(messages, position) if messages.payloads[position] else None
+        change = self._unwrap(value, key, self._options.key)
+        missing = [column for column in self._options.key if change.row.get(column) is None]
+        if missing:
+            what = "delete" if change.delete else "row"
+            raise decode_error(f"the {what} has no value for the key column(s) {missing}")
+        return change
+
+    def _document(self, change: Change) -> dict[str, Any]:
+        row = change.row if change.fields is not None else self._fitted(change.row)
+        if change.delete:
+            row = {column: row[column] for column in self._options.key}
+        extra = self._options.extra_columns()
+        if "_op" in extra:
+            row["_op"] = change.op
+        if "_source_ts" in extra:
+            row["_source_ts"] = source_timestamp(change.source_ts_ms)
+        if "_lsn" in extra:
+            row["_lsn"] = change.lsn
+        if DELETED_COLUMN in extra:
+            row[DELETED_COLUMN] = change.delete
+        return row
+
+    def _fitted(self, row: dict[str, Any]) -> dict[str, Any]:
+        """A schemaless row's values read by the table's column types (base64 decimals, epoch days …)."""
+        schema = self._table_schema
+        return {
+            name: fit_to_column(value, schema.field(name).type, name) if name in schema.names else value
+            for name, value in row.items()
+        }
+
+    def _typed_table(
+        self, upserts: dict[int, Change], documents: dict[int, dict[str, Any]]
+    ) -> tuple[pa.Table, list[int]]:
+        """The upserts a Connect schema describes, as one table in their (unified) schema, keys first; the rest
+        stay documents (a value Arrow refuses sends the batch's upserts there, where the failing one is found)."""
+        typed = [position for position, change in upserts.items() if change.fields is not None]
+        if not typed:
+            return pa.table({}), []
+        fields: dict[str, pa.Field] = {}
+        for position in typed:
+            for member in upserts[position].fields or ():
+                fields.setdefault(member.name, member.with_nullable(True))
+        for name, member in self._extra.items():
+            fields.setdefault(name, member)
+        keys = [fields[column] for column in self._options.key if column in fields]
+        schema = pa.schema(keys + [f for name, f in fields.items() if name not in self._options.key])
+        try:
+            return pa.Table.from_pylist([documents[p] for p in typed], schema=schema), typed
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, ValueError, TypeError):
+            return pa.table({}), []

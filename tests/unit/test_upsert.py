@@ -1,0 +1,272 @@
+"""Upsert tables on real local Delta tables with an in-memory source: the last change per key lands in ONE
+MERGE commit with the txns, replays change nothing, deletes (tombstones, Debezium ``d``, soft), a primary-key
+change, Debezium's logical types, tables created from the Connect schema and evolving with it, dead letters."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+
+from kafka2delta.config import Config, load_config
+from kafka2delta.errors import ConfigError
+from kafka2delta.records import ConsumedBatch, TopicPartition
+from tests.support.debezium import SourceTable, change_batch, decimal_bytes, field
+from tests.support.runner import TopicsSource
+from tests.unit.test_runner_tables import run
+
+P0, P1 = TopicPartition("cdc", 0), TopicPartition("cdc", 1)
+
+
+def config(tmp_path: Path, **env: str) -> Config:
+    return load_config(
+        None,
+        environ={
+            "K2D_KAFKA__BOOTSTRAP_SERVERS": "unused:1",
+            "K2D_KAFKA__TOPIC": "cdc",
+            "K2D_TABLE__URI": str(tmp_path / "table"),
+            "K2D_TABLE__MODE": "upsert",
+            "K2D_TABLE__KEY": "id",
+            "K2D_FORMAT__KEY": "json",
+            "K2D_DEAD_LETTERS__TABLE_URI": str(tmp_path / "dlq"),
+            "K2D_INGEST__MAX_COMMIT_RETRIES": "3",
+            **env,
+        },
+    )
+
+
+def plain(tp: TopicPartition, first: int, changes: list[tuple[int, dict[str, Any] | None]]) -> ConsumedBatch:
+    return change_batch(
+        tp,
+        first,
+        [(json.dumps({"id": key}).encode(), None if row is None else json.dumps(row).encode()) for key, row in changes],
+    )
+
+
+def rows(tmp_path: Path, sort: str = "id") -> list[dict[str, Any]]:
+    return DeltaTable(str(tmp_path / "table")).to_pyarrow_table().sort_by(sort).to_pylist()
+
+
+SCHEMA = json.dumps({"id": "long", "name": "string"})
+
+
+def test_the_table_holds_the_last_change_of_each_key_and_the_txn_in_one_commit(tmp_path: Path) -> None:
+    cfg = config(tmp_path, K2D_TABLE__SCHEMA=SCHEMA)
+    first = plain(P0, 0, [(1, {"id": 1, "name": "a"}), (2, {"id": 2, "name": "b"}), (1, {"id": 1, "name": "a2"})])
+    run(cfg, TopicsSource([first, plain(P0, 3, [(2, None), (3, {"id": 3, "name": "c"})])], {P0: 5}))
+    assert rows(tmp_path) == [{"id": 1, "name": "a2"}, {"id": 3, "name": "c"}]
+    table = DeltaTable(str(tmp_path / "table"))
+    assert table.transaction_version("cdc-0") == 4
+    last = table.history(1)[0]
+    assert last["operation"] == "MERGE"
+    assert last["kafka2delta"]["offsets"] == {"0": [0, 4]} and last["kafka2delta"]["mode"] == "upsert"
+    assert last["kafka2delta"]["changes"] == 3  # keys 1, 2 (deleted) and 3
+    assert table.schema().to_arrow().field("id").nullable is False  # a key column is never null
+
+
+def test_a_replay_of_committed_offsets_changes_nothing(tmp_path: Path) -> None:
+    cfg = config(tmp_path, K2D_TABLE__SCHEMA=SCHEMA)
+    changes = [(1, {"id": 1, "name": "a"}), (1, None), (2, {"id": 2, "name": "b"})]
+    run(cfg, TopicsSource([plain(P0, 0, changes)], {P0: 3}))
+    version = DeltaTable(str(tmp_path / "table")).version()
+    later = plain(P0, 3, [(2, {"id": 2, "name": "b2"})])
+    # A source that serves the committed offsets again (a replay after a crash), then one new change.
+    source = TopicsSource([plain(P0, 0, changes), later], {P0: 4})
+    run(cfg, source)
+    assert rows(tmp_path) == [{"id": 2, "name": "b2"}]
+    table = DeltaTable(str(tmp_path / "table"))
+    assert table.version() == version + 1 and table.transaction_version("cdc-0") == 3
+    assert source.starts == {P0: 3}
+
+
+def test_last_change_is_by_partition_then_offset_across_partitions(tmp_path: Path) -> None:
+    cfg = config(tmp_path, K2D_TABLE__SCHEMA=SCHEMA)
+    batch = plain(P0, 0, [(1, {"id": 1, "name": "p0"})])
+    batch.partitions.update(plain(P1, 0, [(1, {"id": 1, "name": "p1"}), (2, {"id": 2, "name": "p1"})]).partitions)
+    run(cfg, TopicsSource([batch], {P0: 1, P1: 2}))
+    assert rows(tmp_path) == [{"id": 1, "name": "p1"}, {"id": 2, "name": "p1"}]
+    table = DeltaTable(str(tmp_path / "table"))
+    assert (table.transaction_version("cdc-0"), table.transaction_version("cdc-1")) == (0, 1)
+    assert len(table.history()) == 2  # the create, then ONE merge for both partitions
+
+
+def test_soft_deletes_keep_the_row_marked_and_change_columns_record_the_op(tmp_path: Path) -> None:
+    cfg = config(tmp_path, K2D_TABLE__SCHEMA=SCHEMA, K2D_TABLE__DELETE_MODE="soft", K2D_TABLE__CHANGE_COLUMNS="op")
+    run(cfg, TopicsSource([plain(P0, 0, [(1, {"id": 1, "name": "a"}), (2, {"id": 2, "name": "b"})])], {P0: 2}))
+    run(cfg, TopicsSource([plain(P0, 2, [(1, None), (2, {"id": 2, "name": "b2"})])], {P0: 4}))
+    assert rows(tmp_path) == [
+        {"id": 1, "name": "a", "_op": "d", "_deleted": True},
+        {"id": 2, "name": "b2", "_op": "u", "_deleted": False},
+    ]
+
+
+def test_a_message_that_cannot_be_read_is_a_dead_letter_and_the_keys_later_changes_apply(tmp_path: Path) -> None:
+    cfg = config(tmp_path, K2D_TABLE__SCHEMA=json.dumps({"id": "long", "n": "int"}))
+    bad = change_batch(P0, 1, [(b'{"id": 1}', b"{not json"), (b'{"id": 1}', b'{"id": 1, "n": "x"}')])
+    batches = [plain(P0, 0, [(1, {"id": 1, "n": 1})]), bad, plain(P0, 3, [(1, {"id": 1, "n": 4})])]
+    run(cfg, TopicsSource(batches, {P0: 4}))
+    assert rows(tmp_path) == [{"id": 1, "n": 4}]
+    letters = DeltaTable(str(tmp_path / "dlq")).to_pyarrow_table().sort_by("offset").to_pylist()
+    assert [(letter["offset"], letter["stage"]) for letter in letters] == [(1, "deserialize"), (2, "coerce")]
+
+
+def test_a_tombstone_without_a_key_and_a_row_without_its_key_are_dead_letters(tmp_path: Path) -> None:
+    cfg = config(tmp_path, K2D_TABLE__SCHEMA=SCHEMA)
+    batch = change_batch(P0, 0, [(None, None), (b'{"id": 5}', b'{"name": "no id"}'), (b'{"id": 6}', b'{"id": 6}')])
+    run(cfg, TopicsSource([batch], {P0: 3}))
+    assert rows(tmp_path) == [{"id": 6, "name": None}]
+    letters = DeltaTable(str(tmp_path / "dlq")).to_pyarrow_table().sort_by("offset").to_pylist()
+    assert [letter["offset"] for letter in letters] == [0, 1]
+    assert "no key to delete" in letters[0]["error"] and "key column(s) ['id']" in letters[1]["error"]
+
+
+ORDERS = SourceTable(
+    "orders",
+    [
+        field("id", "int64", optional=False),
+        field(
+            "amount",
+            "bytes",
+            logical="org.apache.kafka.connect.data.Decimal",
+            scale="2",
+            connect_decimal_precision="10",
+        ),
+        field("ratio", "struct", logical="io.debezium.data.VariableScaleDecimal")
+        | {"fields": [field("scale", "int32", optional=False), field("value", "bytes", optional=False)]},
+        field("day", "int32", logical="io.debezium.time.Date"),
+        field("at", "int64", logical="io.debezium.time.MicroTime"),
+        field("created", "int64", logical="io.debezium.time.MicroTimestamp"),
+        field("updated", "string", logical="io.debezium.time.ZonedTimestamp"),
+        field("doc", "string", logical="io.debezium.data.Json"),
+        field("uid", "string", logical="io.debezium.data.Uuid"),
+        {"type": "array", "items": {"type": "string", "optional": True}, "optional": True, "field": "tags"},
+        field("note", "string"),
+    ],
+    key=["id"],
+)
+
+
+def order(order_id: int, note: str | None = "n") -> dict[str, Any]:
+    return {
+        "id": order_id,
+        "amount": decimal_bytes(-12345),
+        "ratio": {"scale": 3, "value": decimal_bytes(1500)},
+        "day": 19_723,
+        "at": 3_723_000_001,
+        "created": 1_700_000_000_123_456,
+        "updated": "2023-11-14T22:13:20.5+02:00",
+        "doc": '{"a": [1, 2]}',
+        "uid": "6f1c0a52-4e1b-4a36-9d8e-3f5b2a1c0d9e",
+        "tags": ["x", None],
+        "note": note,
+    }
+
+
+@pytest.mark.parametrize("schemas", [True, False], ids=["with-schema", "without-schema"])
+def test_debezium_events_land_with_their_logical_types(tmp_path: Path, schemas: bool) -> None:
+    env = {"K2D_FORMAT__ENVELOPE": "debezium", "K2D_TABLE__CHANGE_COLUMNS": "op,source_ts,lsn"}
+    if schemas:
+        env["K2D_TABLE__SCHEMA_EVOLUTION"] = "merge"  # the table is created from the Connect schema
+    else:
+        columns = {
+            "id": "long",
+            "amount": "decimal(10,2)",
+            "ratio": "decimal(38,18)",
+            "day": "date",
+            "at": "string",
+            "created": "timestamp_ntz",
+            "updated": "timestamp",
+            "doc": "string",
+            "uid": "string",
+            "tags": "array<string>",
+            "note": "string",
+        }
+        env["K2D_TABLE__SCHEMA"] = json.dumps(columns)
+    cfg = config(tmp_path, **env)
+    events = [
+        ORDERS.event("r", order(1), lsn=10, schemas=schemas),
+        ORDERS.event("c", order(2), lsn=11, schemas=schemas),
+        ORDERS.event("u", order(1, note="changed"), lsn=12, schemas=schemas),
+        ORDERS.event("d", {"id": 2, **dict.fromkeys(list(order(2))[1:])}, lsn=13, schemas=schemas),
+        (ORDERS.key_bytes({"id": 2}, schemas), None),
+        # A primary-key change: the delete of the old key, then the create of the new one.
+        ORDERS.event("d", {"id": 1, **dict.fromkeys(list(order(1))[1:])}, lsn=14, schemas=schemas),
+        (ORDERS.key_bytes({"id": 1}, schemas), None),
+        ORDERS.event("c", order(7, note="moved"), lsn=14, schemas=schemas),
+    ]
+    run(cfg, TopicsSource([change_batch(P0, 0, events)], {P0: len(events)}))
+    table = DeltaTable(str(tmp_path / "table"))
+    got = rows(tmp_path)
+    assert len(got) == 1
+    row = got[0]
+    assert row["id"] == 7 and row["note"] == "moved"
+    assert row["amount"] == Decimal("-123.45")
+    assert row["ratio"] == Decimal("1.5")
+    assert row["day"] == dt.date(2024, 1, 1)
+    assert row["created"] == dt.datetime(2023, 11, 14, 22, 13, 20, 123456)
+    assert row["updated"] == dt.datetime(2023, 11, 14, 20, 13, 20, 500000, tzinfo=dt.UTC)
+    assert row["doc"] == '{"a": [1, 2]}' and row["uid"] == "6f1c0a52-4e1b-4a36-9d8e-3f5b2a1c0d9e"
+    assert row["tags"] == ["x", None]
+    assert row["_op"] == "c" and row["_lsn"] == 14
+    assert row["_source_ts"] == dt.datetime.fromtimestamp(1_700_000_000.014, dt.UTC)
+    schema = pa.schema(table.schema().to_arrow())
+    if schemas:
+        assert row["at"] == "01:02:03.000001"
+        assert schema.names[0] == "id" and schema.field("id").nullable is False
+        assert pa.types.is_decimal(schema.field("amount").type)
+        assert (schema.field("amount").type.precision, schema.field("amount").type.scale) == (10, 2)
+    assert table.transaction_version("cdc-0") == len(events) - 1
+
+
+def test_a_column_added_in_the_source_becomes_a_column_earlier_rows_null(tmp_path: Path) -> None:
+    cfg = config(tmp_path, K2D_FORMAT__ENVELOPE="debezium", K2D_TABLE__SCHEMA_EVOLUTION="merge")
+    before = SourceTable("t", [field("id", "int32", optional=False), field("name", "string")], ["id"])
+    after = SourceTable("t", [*before.columns, field("extra", "int64")], ["id"])
+    first = [before.event("c", {"id": 1, "name": "a"}, lsn=1), before.event("c", {"id": 2, "name": "b"}, lsn=2)]
+    run(cfg, TopicsSource([change_batch(P0, 0, first)], {P0: 2}))
+    second = [after.event("c", {"id": 3, "name": "c", "extra": 30}, lsn=3)]
+    run(cfg, TopicsSource([change_batch(P0, 2, second)], {P0: 3}))
+    assert rows(tmp_path) == [
+        {"id": 1, "name": "a", "extra": None},
+        {"id": 2, "name": "b", "extra": None},
+        {"id": 3, "name": "c", "extra": 30},
+    ]
+    schema = pa.schema(DeltaTable(str(tmp_path / "table")).schema().to_arrow())
+    assert schema.field("id").nullable is False  # the key stays not null through the evolution
+
+
+def test_a_truncate_is_a_dead_letter_that_says_why(tmp_path: Path) -> None:
+    cfg = config(tmp_path, K2D_FORMAT__ENVELOPE="debezium", K2D_TABLE__SCHEMA=SCHEMA)
+    truncate = json.dumps({"before": None, "after": None, "op": "t", "source": {"ts_ms": 1}}).encode()
+    run(cfg, TopicsSource([change_batch(P0, 0, [(None, truncate)])], {P0: 1}))
+    (letter,) = DeltaTable(str(tmp_path / "dlq")).to_pyarrow_table().to_pylist()
+    assert "TRUNCATE" in letter["error"]
+
+
+@pytest.mark.parametrize(
+    ("env", "key", "says"),
+    [
+        ({"K2D_TABLE__KEY": ""}, "table.key", "required"),
+        ({"K2D_FORMAT__KEY": "none"}, "format.key", "tombstone"),
+        ({"K2D_TABLE__SCHEMA": SCHEMA, "K2D_TABLE__KEY": "nope"}, "table.key", "not in the table schema"),
+        ({"K2D_TABLE__CHANGE_COLUMNS": "lsn"}, "table.change_columns", "debezium"),
+        ({"K2D_TABLE__MODE": "append"}, "table.key", "upsert"),
+        (
+            {"K2D_TABLE__MODE": "append", "K2D_TABLE__KEY": "", "K2D_FORMAT__ENVELOPE": "debezium"},
+            "format.envelope",
+            "",
+        ),
+    ],
+)
+def test_upsert_settings_are_checked_at_start_naming_the_key(
+    tmp_path: Path, env: dict[str, str], key: str, says: str
+) -> None:
+    with pytest.raises(ConfigError) as raised:
+        config(tmp_path, **env)
+    assert raised.value.key == key and says in raised.value.problem
