@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 
 from kafka2delta import faults
 from kafka2delta.assignment import PartitionState
-from kafka2delta.changes import last_changes
+from kafka2delta.changes import UNAVAILABLE_VALUE, last_changes
 from kafka2delta.edges import DeadLetterProducer, DeadLetterStore, TableWriter
 from kafka2delta.errors import CommitConflict, RetryableError, RowsRejected, SchemaChanged
 from kafka2delta.metrics import Metrics
@@ -131,7 +131,8 @@ class Committer:
         started = self._clock()
         changes = self._pipeline.changes
         if changes is not None:
-            source = self._last_changes(taken, schema, changes.key)
+            unavailable = UNAVAILABLE_VALUE if changes.envelope == "debezium" else None
+            source = self._last_changes(taken, schema, changes.key, unavailable)
             metadata.update(mode="upsert", changes=source.num_rows)
             version = self._writer.merge(source, changes, expected, versions, metadata, evolve=evolving)
             self.commit_seconds = self._clock() - started
@@ -159,7 +160,7 @@ class Committer:
 
     @staticmethod
     def _last_changes(
-        taken: Mapping[TopicPartition, PartitionBuffer], schema: pa.Schema, key: Sequence[str]
+        taken: Mapping[TopicPartition, PartitionBuffer], schema: pa.Schema, key: Sequence[str], unavailable: str | None
     ) -> pa.Table:
         """The MERGE source: the buffered changes of every partition, collapsed to the last change per key
         (by partition, then offset). A delete whose key the table cannot hold (null) matches nothing: left out."""
@@ -171,7 +172,7 @@ class Committer:
         keyed = pc.is_valid(rows.column(key[0]))
         for column in key[1:]:
             keyed = pc.and_(keyed, pc.is_valid(rows.column(column)))
-        return last_changes(rows.filter(keyed), deletes.filter(keyed), key)
+        return last_changes(rows.filter(keyed), deletes.filter(keyed), key, unavailable)
 
     def mark_starts(self, starts: Mapping[TopicPartition, int]) -> int:
         """An empty commit giving partitions that have no txn in this table their first one (``starts``: the

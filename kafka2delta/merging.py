@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, WriterProperties
 
-from kafka2delta.changes import DELETE_FLAG, DELETED_COLUMN, ChangeOptions
+from kafka2delta.changes import DELETE_FLAG, DELETED_COLUMN, UNAVAILABLE_VALUE, ChangeOptions
 
 _SOURCE, _TARGET = "s", "t"
 _PRUNED_PARTITION_VALUES = 100  # more distinct values than this: no IN list (the predicate stays short)
@@ -45,6 +45,17 @@ def merge_changes(
     upsert = f"NOT {_SOURCE}.{quote(DELETE_FLAG)}"
     delete = f"{_SOURCE}.{quote(DELETE_FLAG)}"
     values = {quote(name): f"{_SOURCE}.{quote(name)}" for name in columns}
+    updates = dict(values)
+    if options.envelope == "debezium":
+        # Debezium sends an unchanged TOASTed value (PostgreSQL without REPLICA IDENTITY FULL) as a placeholder:
+        # an update keeps the value the row has.
+        for name in columns:
+            if pa.types.is_string(source.schema.field(name).type) and name not in options.key:
+                column = quote(name)
+                updates[column] = (
+                    f"CASE WHEN {_SOURCE}.{column} = {literal(UNAVAILABLE_VALUE)} THEN {_TARGET}.{column} "
+                    f"ELSE {_SOURCE}.{column} END"
+                )
     merger = table.merge(
         source,
         merge_predicate(source, options.key, partition_by),
@@ -61,7 +72,7 @@ def merge_changes(
         merger = merger.when_matched_update({quote(n): f"{_SOURCE}.{quote(n)}" for n in marked}, predicate=delete)
     else:
         merger = merger.when_matched_delete(predicate=delete)
-    merger = merger.when_matched_update(values, predicate=upsert).when_not_matched_insert(values, predicate=upsert)
+    merger = merger.when_matched_update(updates, predicate=upsert).when_not_matched_insert(values, predicate=upsert)
     return merger.execute()
 
 

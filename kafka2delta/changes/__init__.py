@@ -9,12 +9,13 @@ MERGE source). The MERGE itself is the Delta edge's (:meth:`kafka2delta.writer.D
 from kafka2delta.changes.collapse import last_changes
 from kafka2delta.changes.decoder import ChangeDeserializer
 from kafka2delta.changes.envelope import Change, debezium_change, plain_change
-from kafka2delta.changes.options import CHANGE_COLUMNS, DELETE_FLAG, DELETED_COLUMN, ChangeOptions
+from kafka2delta.changes.options import CHANGE_COLUMNS, DELETE_FLAG, DELETED_COLUMN, UNAVAILABLE_VALUE, ChangeOptions
 
 __all__ = [
     "CHANGE_COLUMNS",
     "DELETED_COLUMN",
     "DELETE_FLAG",
+    "UNAVAILABLE_VALUE",
     "Change",
     "ChangeDeserializer",
     "ChangeOptions",

@@ -8,7 +8,9 @@ mapping (README "Change events" has the table):
   ``scale`` parameter; ``connect.decimal.precision`` when Debezium knows it) → ``decimal(p, s)`` (p 38 when
   unknown; a precision above 38 → the decimal as text);
 * ``io.debezium.data.VariableScaleDecimal`` (a struct of ``scale`` and ``value``: PostgreSQL ``numeric``
-  without a scale) → ``decimal(38, 18)``; a value that does not fit is a dead letter naming it;
+  without a scale, whose values may have any scale) → ``string``, the exact decimal in plain notation (no Delta
+  decimal holds them all; declare the column ``decimal(p,s)`` in ``table.schema`` to get numbers, and values
+  that do not fit become dead letters);
 * ``io.debezium.time.Date`` / Connect ``Date`` (days) → ``date``;
 * ``io.debezium.time.Time`` (ms), ``MicroTime`` (µs), ``NanoTime`` (ns), Connect ``Time`` (ms) → ``string``
   ``HH:MM:SS[.ffffff]`` (Delta has no time type);
@@ -16,7 +18,8 @@ mapping (README "Change events" has the table):
   ``Timestamp`` (ms): a wall-clock time without zone → ``timestamp_ntz``;
 * ``io.debezium.time.ZonedTimestamp`` (ISO-8601 text with an offset) → ``timestamp`` (UTC);
 * ``io.debezium.data.Json``, ``Uuid``, ``Xml``, ``Enum``, ``ZonedTime`` and other named strings → ``string``;
-* ``bytes`` (base64 in JSON) → ``binary``; ``int8`` … ``int64``, ``float32``/``float64``, ``boolean``,
+* ``bytes`` (base64 in JSON) → ``binary``; ``float32``/``float64`` (``"NaN"``, ``"Infinity"`` and
+  ``"-Infinity"`` as the JSON converter writes them) → ``float``/``double``; ``int8`` … ``int64``, ``boolean``,
   ``string`` → the same Arrow types; ``array`` → ``list``; ``map`` with string keys → ``map``; ``struct`` →
   ``struct``. A field is ``not null`` when the schema says ``"optional": false``.
 """
@@ -35,8 +38,7 @@ import pyarrow as pa
 from kafka2delta.errors import MessageError
 
 MAX_DECIMAL_PRECISION = 38
-VARIABLE_SCALE = 18
-"""The scale of a ``VariableScaleDecimal`` column (``numeric`` without a scale): decimal(38, 18)."""
+_SPECIAL_FLOATS = {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}
 
 _EPOCH_DATE = dt.date(1970, 1, 1)
 _EPOCH = dt.datetime(1970, 1, 1)
@@ -62,6 +64,8 @@ _PRIMITIVES: dict[str, pa.DataType] = {
     "int16": pa.int16(),
     "int32": pa.int32(),
     "int64": pa.int64(),
+    "float": pa.float32(),  # the JSON converter's names for FLOAT32 and FLOAT64
+    "double": pa.float64(),
     "float32": pa.float32(),
     "float64": pa.float64(),
     "boolean": pa.bool_(),
@@ -96,7 +100,7 @@ def arrow_type(schema: ConnectSchema) -> pa.DataType:
             return pa.string()
         return pa.decimal128(max(precision, scale, 1), scale)
     if logical == VARIABLE_SCALE_DECIMAL:
-        return pa.decimal128(MAX_DECIMAL_PRECISION, VARIABLE_SCALE)
+        return pa.string()
     if logical in _DATES:
         return pa.date32()
     if logical in _TIMES:
@@ -137,7 +141,7 @@ def convert(value: Any, schema: ConnectSchema, path: str) -> Any:
     if logical == VARIABLE_SCALE_DECIMAL:
         if not isinstance(value, Mapping):
             raise connect_error(f"{path}: a VariableScaleDecimal must be an object of scale and value, got {value!r}")
-        return decimal_value(value.get("value"), int(value.get("scale") or 0), path)
+        return f"{decimal_value(value.get('value'), int(value.get('scale') or 0), path):f}"
     if logical in _DATES:
         return date_value(value, path)
     if logical in _TIMES:
@@ -163,6 +167,10 @@ def convert(value: Any, schema: ConnectSchema, path: str) -> Any:
         return [(key, convert(item, values, f"{path}.{key}")) for key, item in value.items()]
     if kind == "bytes":
         return bytes_value(value, path)
+    if kind in ("float", "double", "float32", "float64") and isinstance(value, str):
+        if value not in _SPECIAL_FLOATS:
+            raise connect_error(f"{path}: expected a number, got {_shown(value)}")
+        return _SPECIAL_FLOATS[value]
     return value
 
 
@@ -260,6 +268,10 @@ def fit_to_column(value: Any, column_type: pa.DataType, path: str) -> Any:
     ``MicroTimestamp``). Anything else is left to the coercion stage (a time needs the schema to be read)."""
     if value is None:
         return None
+    if pa.types.is_string(column_type) and isinstance(value, Mapping) and value.keys() == {"scale", "value"}:
+        return f"{decimal_value(value.get('value'), int(value.get('scale') or 0), path):f}"  # VariableScaleDecimal
+    if pa.types.is_floating(column_type) and isinstance(value, str) and value in _SPECIAL_FLOATS:
+        return _SPECIAL_FLOATS[value]
     if pa.types.is_decimal(column_type):
         if isinstance(value, Mapping) and "value" in value:
             return decimal_value(value.get("value"), int(value.get("scale") or 0), path)

@@ -16,6 +16,9 @@ CHANGE_COLUMNS: dict[str, tuple[str, pa.DataType]] = {
 ``d``), when the source made it (``source.ts_ms``), and the source position (``source.lsn``)."""
 DELETED_COLUMN = "_deleted"
 """The column of ``delete_mode = "soft"``: true on a row whose key was deleted."""
+UNAVAILABLE_VALUE = "__debezium_unavailable_value"
+"""Debezium's placeholder (``unavailable.value.placeholder``) for a TOASTed value an update left unchanged
+(PostgreSQL without ``REPLICA IDENTITY FULL``): the row keeps the value it has."""
 DELETE_FLAG = "__k2d_delete"
 """The MERGE source's column that tells a delete from an upsert (never a table column)."""
 

@@ -1,0 +1,116 @@
+"""Real Debezium events (captured from PostgreSQL through Kafka Connect, ``tests/fixtures/debezium``) into upsert
+tables: every type lands as its Delta type, deletes and tombstones remove keys, an unchanged TOASTed value keeps
+the row's value, the column added mid-stream appears, and a value Delta cannot hold is a dead letter naming it."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Iterator
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+
+from kafka2delta.config import load_config
+from kafka2delta.records import TopicPartition
+from tests.support.debezium import change_batch
+from tests.support.runner import TopicsSource
+from tests.unit.test_runner_tables import run
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "debezium"
+KEYS = {"big_keys": "id", "composite": "tenant,code", "toasty": "id", "types": "id"}
+
+
+def events(name: str) -> dict[str, list[dict[str, Any]]]:
+    by_topic: dict[str, list[dict[str, Any]]] = {}
+    for line in (FIXTURES / name).read_text().splitlines():
+        message = json.loads(line)
+        by_topic.setdefault(message["topic"].rsplit(".", 1)[-1], []).append(message)
+    return by_topic
+
+
+def replicate(tmp_path: Path, fixture: str, table: str, **env: str) -> Iterator[dict[str, Any]]:
+    messages = events(fixture)[table]
+    topic = messages[0]["topic"]
+    config = load_config(
+        None,
+        environ={
+            "K2D_KAFKA__BOOTSTRAP_SERVERS": "unused:1",
+            "K2D_KAFKA__TOPIC": topic,
+            "K2D_TABLE__URI": str(tmp_path / table),
+            "K2D_TABLE__MODE": "upsert",
+            "K2D_TABLE__KEY": KEYS[table],
+            "K2D_FORMAT__KEY": "json",
+            "K2D_FORMAT__ENVELOPE": "debezium",
+            "K2D_DEAD_LETTERS__TABLE_URI": str(tmp_path / "dlq"),
+            **env,
+        },
+    )
+    tp = TopicPartition(topic, 0)
+    pairs = [(m["key"].encode() if m["key"] else None, m["value"].encode() if m["value"] else None) for m in messages]
+    # Two batches, so changes to one key land in two merges as well as within one.
+    half = len(pairs) // 2
+    batches = [change_batch(tp, 0, pairs[:half]), change_batch(tp, half, pairs[half:])]
+    run(config, TopicsSource(batches, {tp: len(pairs)}))
+    yield from DeltaTable(str(tmp_path / table)).to_pyarrow_table().to_pylist()
+
+
+def by_key(rows: Iterator[dict[str, Any]], *key: str) -> dict[Any, dict[str, Any]]:
+    return {tuple(row[k] for k in key) if len(key) > 1 else row[key[0]]: row for row in rows}
+
+
+def test_keys_beyond_double_precision_and_composite_keys(tmp_path: Path) -> None:
+    env = {"K2D_TABLE__SCHEMA_EVOLUTION": "merge"}
+    assert list(replicate(tmp_path, "json_schema.jsonl", "big_keys", **env)) == [
+        {"id": 9007199254740993, "name": "renamed"}
+    ]
+    composite = by_key(replicate(tmp_path, "json_schema.jsonl", "composite", **env), "tenant", "code")
+    assert {k: row["qty"] for k, row in composite.items()} == {(1, "a"): 11, (1, "c"): 20}
+
+
+def test_an_unchanged_toasted_value_keeps_the_value_of_an_earlier_change(tmp_path: Path) -> None:
+    (row,) = replicate(tmp_path, "json_schema.jsonl", "toasty", K2D_TABLE__SCHEMA_EVOLUTION="merge")
+    source = events("json_schema.jsonl")["toasty"]
+    snapshot = json.loads(source[0]["value"])["payload"]["after"]["payload"]
+    assert row["note"] == "second" and row["payload"] == snapshot
+
+
+def test_every_type_lands_as_its_delta_type_from_the_connect_schema(tmp_path: Path) -> None:
+    rows = by_key(replicate(tmp_path, "json_schema.jsonl", "types", K2D_TABLE__SCHEMA_EVOLUTION="merge"), "id")
+    schema = pa.schema(DeltaTable(str(tmp_path / "types")).schema().to_arrow())
+    assert schema.names[0] == "id" and not schema.field("id").nullable
+    assert schema.field("num").type == pa.decimal128(38, 10)
+    assert schema.field("ts").type == pa.timestamp("us") and schema.field("tstz").type == pa.timestamp("us", "UTC")
+    assert schema.field("d").type == pa.date32() and schema.field("raw").type == pa.binary()
+    assert schema.field("ints").type == pa.list_(pa.field("element", pa.int32()))
+    # Deleted (2, 3), created (4, 20, 5 after the ADD COLUMN), updated (1, 4); 6 holds dates Delta cannot hold.
+    assert sorted(rows) == [1, 4, 5, 20]
+    one = rows[1]
+    assert one["txt"] == "updated ✓" and one["flag"] is None and one["small"] == -32768
+    assert one["d"] == dt.date(2024, 2, 29) and one["t"] == "23:59:59.999999"
+    assert one["ts"] == dt.datetime(2024, 2, 29, 12, 34, 56, 789012)
+    assert one["tstz"] == dt.datetime(2024, 2, 29, 10, 34, 56, 789012, tzinfo=dt.UTC)
+    assert one["num"] == Decimal("1.5") and Decimal(one["num_var"]) == Decimal("3.141592653589793238462643383")
+    assert one["tags"] == ["a", "b c", "ü", None] and one["raw"] == b"\x00\xff\x10"
+    assert json.loads(one["doc"]) == {"a": [1, 2.5, None], "n": {"b": True}, "é": "x"}
+    assert rows[5]["extra"] == "extra ✓" and rows[5]["score"] == Decimal("12.34")  # the column added mid-stream
+    assert rows[1]["extra"] is None  # a row written before it
+    (letter,) = DeltaTable(str(tmp_path / "dlq")).to_pyarrow_table().to_pylist()
+    assert letter["offset"] == 3 and "out of range" in letter["error"]
+
+
+@pytest.mark.parametrize("table", ["big_keys", "composite"])
+def test_json_without_the_schema_needs_the_table_schema(tmp_path: Path, table: str) -> None:
+    schemas = {
+        "big_keys": {"id": "long", "name": "string"},
+        "composite": {"tenant": "int", "code": "string", "qty": "int"},
+    }
+    with_schema = sorted(
+        map(str, replicate(tmp_path / "a", "json_schema.jsonl", table, K2D_TABLE__SCHEMA_EVOLUTION="merge"))
+    )
+    plain = replicate(tmp_path / "b", "json_plain.jsonl", table, K2D_TABLE__SCHEMA=json.dumps(schemas[table]))
+    assert sorted(map(str, plain)) == with_schema
