@@ -164,6 +164,8 @@ class Routes:
         table = self._config.table
         if (config.mode or table.mode) != "upsert":
             return None
+        if not (config.key or table.key):
+            raise ConfigError("table.key", 'required with mode = "upsert" for the topics no route takes')
         return ChangeOptions(
             key=config.key or table.key,
             envelope=self._config.format.envelope,
@@ -182,7 +184,10 @@ class Routes:
             config.partition_by or table.partition_by,
             config.schema_evolution or table.schema_evolution,
             config.metadata_columns or table.metadata_columns,
-            self._changes(config),
+            config.mode or table.mode,
+            config.key or table.key,
+            config.delete_mode or table.delete_mode,
+            config.change_columns or table.change_columns,
         )
 
     def _check_app_ids(self) -> None:

@@ -149,6 +149,8 @@ def _validate_changes(config: Config) -> None:
             continue
         upserts += 1
         key_at = f"{prefix}.key" if route.key else "table.key"
+        if not key and prefix == "table" and config.routes:
+            continue  # [table] takes only the topics no route takes: checked when such a topic appears
         if not key:
             raise ConfigError(key_at, 'required with mode = "upsert": the primary-key columns, e.g. key = ["id"]')
         if len(set(key)) != len(key):

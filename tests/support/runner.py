@@ -7,19 +7,21 @@ real edges.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from deltalake import DeltaTable
 
-from kafka2delta.config import FormatConfig, load_config
+from kafka2delta.cli import build_router, open_dead_letters, open_table
+from kafka2delta.config import Config, FormatConfig, load_config
 from kafka2delta.dead_letters import DeadLetterTable
 from kafka2delta.edges import DeadLetterStore, RebalanceListener, Source, TableWriter
 from kafka2delta.metrics import Metrics
 from kafka2delta.offsets import LogicalOffset, TxnIds
 from kafka2delta.pipeline import Pipeline
 from kafka2delta.records import ConsumedBatch, DeadLetter, PartitionMessages, TopicPartition
+from kafka2delta.routing import Routes, TableSpec
 from kafka2delta.runner import Ingestor
 from kafka2delta.schema import parse_schema
 from kafka2delta.serialization import build_deserializer
@@ -180,3 +182,25 @@ def make(
         sleep=sleeps.append,
     )
     return ingestor, metrics
+
+
+def ingest_until_caught_up(
+    config: Config, source: Source, opener: Callable[[TableSpec], OpenedTable] | None = None
+) -> Metrics:
+    """The loop of ``config`` (its real tables, opened by ``opener`` or as the daemon opens them) over ``source``
+    until caught up; no sleeping between retries."""
+    routes = Routes(config)
+    metrics = Metrics()
+    ingestor = Ingestor(
+        config,
+        source=source,
+        tables=opener or (lambda spec: open_table(config, spec)),
+        routes=routes,
+        dead_letters=open_dead_letters(config, routes),
+        metrics=metrics,
+        router=(lambda: build_router(config)) if config.routing.expression else None,
+        dead_letter_opener=lambda uri: open_dead_letters(config, routes, uri),
+        sleep=lambda seconds: None,
+    )
+    ingestor.run(until_caught_up=True)
+    return metrics

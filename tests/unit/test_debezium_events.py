@@ -18,8 +18,7 @@ from deltalake import DeltaTable
 from kafka2delta.config import load_config
 from kafka2delta.records import TopicPartition
 from tests.support.debezium import change_batch
-from tests.support.runner import TopicsSource
-from tests.unit.test_runner_tables import run
+from tests.support.runner import TopicsSource, ingest_until_caught_up
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "debezium"
 KEYS = {"big_keys": "id", "composite": "tenant,code", "toasty": "id", "types": "id"}
@@ -55,7 +54,7 @@ def replicate(tmp_path: Path, fixture: str, table: str, **env: str) -> Iterator[
     # Two batches, so changes to one key land in two merges as well as within one.
     half = len(pairs) // 2
     batches = [change_batch(tp, 0, pairs[:half]), change_batch(tp, half, pairs[half:])]
-    run(config, TopicsSource(batches, {tp: len(pairs)}))
+    ingest_until_caught_up(config, TopicsSource(batches, {tp: len(pairs)}))
     yield from DeltaTable(str(tmp_path / table)).to_pyarrow_table().to_pylist()
 
 

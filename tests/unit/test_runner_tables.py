@@ -5,22 +5,19 @@ configuration that more topics join without a migration. Real local Delta tables
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from deltalake import DeltaTable
 
-from kafka2delta.cli import build_router, open_dead_letters, open_table
+from kafka2delta.cli import open_table
 from kafka2delta.config import Config, load_config
 from kafka2delta.errors import FatalError
-from kafka2delta.metrics import Metrics
 from kafka2delta.records import ConsumedBatch, TopicPartition
 from kafka2delta.routing import Routes, TableSpec
-from kafka2delta.runner import Ingestor
 from kafka2delta.tables import OpenedTable
-from tests.support.runner import TopicsSource, messages_of
+from tests.support.runner import TopicsSource, ingest_until_caught_up, messages_of
 
 A0, A1, B0 = TopicPartition("a", 0), TopicPartition("a", 1), TopicPartition("b", 0)
 
@@ -37,28 +34,6 @@ def config(tmp_path: Path, **env: str) -> Config:
             **env,
         },
     )
-
-
-def run(
-    config: Config,
-    source: TopicsSource,
-    opener: Callable[[TableSpec], OpenedTable] | None = None,
-) -> Metrics:
-    routes = Routes(config)
-    metrics = Metrics()
-    ingestor = Ingestor(
-        config,
-        source=source,
-        tables=opener or (lambda spec: open_table(config, spec)),
-        routes=routes,
-        dead_letters=open_dead_letters(config, routes),
-        metrics=metrics,
-        router=(lambda: build_router(config)) if config.routing.expression else None,
-        dead_letter_opener=lambda uri: open_dead_letters(config, routes, uri),
-        sleep=lambda seconds: None,
-    )
-    ingestor.run(until_caught_up=True)
-    return metrics
 
 
 def ids(uri: Path) -> list[str]:
@@ -80,7 +55,7 @@ def batches() -> list[ConsumedBatch]:
 def test_each_topic_goes_to_its_table_exactly_once(tmp_path: Path) -> None:
     cfg = config(tmp_path, K2D_KAFKA__TOPICS="a,b", K2D_TABLE__URI=str(tmp_path / "{topic}"))
     source = TopicsSource(batches(), {A0: 5, A1: 2, B0: 3})
-    metrics = run(cfg, source)
+    metrics = ingest_until_caught_up(cfg, source)
 
     assert ids(tmp_path / "a") == sorted([*(f"a0-{o}" for o in range(5)), "a1-0", "a1-1"])
     assert ids(tmp_path / "b") == ["b0-0", "b0-1", "b0-2"]
@@ -115,11 +90,11 @@ def test_one_tables_failure_leaves_the_others_committed_and_a_restart_exact(tmp_
         return opened
 
     with pytest.raises(FatalError):
-        run(cfg, TopicsSource(batches(), {A0: 5, A1: 2, B0: 3}), failing_b)
+        ingest_until_caught_up(cfg, TopicsSource(batches(), {A0: 5, A1: 2, B0: 3}), failing_b)
     assert len(ids(tmp_path / "a")) == 7 and ids(tmp_path / "b") == []
 
     source = TopicsSource(batches(), {A0: 5, A1: 2, B0: 3})  # the broker serves everything again
-    run(cfg, source)
+    ingest_until_caught_up(cfg, source)
     assert source.starts == {A0: 5, A1: 2, B0: source.starts[B0]}  # a resumes after its txns, b from the start
     assert len(ids(tmp_path / "a")) == 7  # nothing twice
     assert ids(tmp_path / "b") == ["b0-0", "b0-1", "b0-2"]
@@ -138,7 +113,7 @@ def test_a_table_without_schema_is_created_from_its_first_rows(tmp_path: Path) -
         },
     )
     documents = [{"id": "x", "n": 1, "tags": ["p", "q"]}, {"id": "y", "n": 2}]
-    run(cfg, TopicsSource([messages_of(B0, 0, documents)], {B0: 2}))
+    ingest_until_caught_up(cfg, TopicsSource([messages_of(B0, 0, documents)], {B0: 2}))
     table = DeltaTable(str(free))
     assert set(table.schema().to_arrow().names) == {"id", "n", "tags", "kafka_partition", "kafka_offset"}
     assert sorted(table.to_pyarrow_table().column("n").to_pylist()) == [1, 2]
@@ -156,21 +131,21 @@ def test_a_json_table_without_schema_needs_merge(tmp_path: Path) -> None:
         },
     )
     with pytest.raises(Exception, match=r"routes\[0\]\.schema"):
-        run(cfg, TopicsSource([messages_of(B0, 0, [{"id": "x"}])], {B0: 1}))
+        ingest_until_caught_up(cfg, TopicsSource([messages_of(B0, 0, [{"id": "x"}])], {B0: 1}))
 
 
 def test_a_one_topic_table_keeps_ingesting_when_more_topics_join_it(tmp_path: Path) -> None:
     """Yesterday: topic a alone into /all with app id shop (txn shop-0). Today: topics a and b into /all."""
     uri = str(tmp_path / "all")
     yesterday = config(tmp_path, K2D_KAFKA__TOPIC="a", K2D_TABLE__URI=uri, K2D_TABLE__APP_ID="shop")
-    run(yesterday, TopicsSource([messages_of(A0, 0, docs("a0-", 0, 4))], {A0: 4}))
+    ingest_until_caught_up(yesterday, TopicsSource([messages_of(A0, 0, docs("a0-", 0, 4))], {A0: 4}))
     assert DeltaTable(uri).transaction_version("shop-0") == 3
 
     today = config(tmp_path, K2D_KAFKA__TOPICS="a,b", K2D_TABLE__URI=uri, K2D_TABLE__APP_ID="shop")
     source = TopicsSource(
         [messages_of(A0, 0, docs("a0-", 0, 6)), messages_of(B0, 0, docs("b0-", 0, 2))], {A0: 6, B0: 2}
     )
-    run(today, source)
+    ingest_until_caught_up(today, source)
     assert source.starts[A0] == 4  # after yesterday's txn shop-0, no migration step
     assert ids(tmp_path / "all") == sorted([*(f"a0-{o}" for o in range(6)), "b0-0", "b0-1"])
     table = DeltaTable(uri)
@@ -208,7 +183,7 @@ def dead_letters(tmp_path: Path) -> list[dict[str, Any]]:
 
 def test_an_expression_splits_a_partition_across_tables(tmp_path: Path) -> None:
     source = TopicsSource([messages_of(E0, 0, events()[:3]), messages_of(E0, 3, events()[3:])], {E0: 7})
-    metrics = run(expression_config(tmp_path), source)
+    metrics = ingest_until_caught_up(expression_config(tmp_path), source)
 
     assert ids(tmp_path / "clicks") == ["e0", "e1", "e5", "e6"]
     assert ids(tmp_path / "orders") == ["e2"]
@@ -239,10 +214,10 @@ def test_a_crash_between_two_tables_commits_of_one_partition_leaves_each_exact(t
         return opened
 
     first = [messages_of(E0, 0, events()[:3])]  # orders gets one row: its first commit goes first
-    run(cfg, TopicsSource(first, {E0: 3}))
+    ingest_until_caught_up(cfg, TopicsSource(first, {E0: 3}))
     assert ids(tmp_path / "orders") == ["e2"]
     with pytest.raises(FatalError):
-        run(
+        ingest_until_caught_up(
             cfg,
             TopicsSource([messages_of(E0, 3, [*events()[3:], {"id": "e7", "kind": "orders"}])], {E0: 8}),
             failing_orders,
@@ -254,7 +229,7 @@ def test_a_crash_between_two_tables_commits_of_one_partition_leaves_each_exact(t
     )
 
     source = TopicsSource([messages_of(E0, 0, [*events(), {"id": "e7", "kind": "orders"}])], {E0: 8})
-    run(cfg, source)
+    ingest_until_caught_up(cfg, source)
     assert source.starts == {E0: 3}  # the lower version + 1
     assert ids(tmp_path / "clicks") == ["e0", "e1", "e5", "e6"]  # nothing twice
     assert ids(tmp_path / "orders") == ["e2", "e7"]
@@ -264,7 +239,7 @@ def test_a_crash_between_two_tables_commits_of_one_partition_leaves_each_exact(t
 def test_a_route_added_later_starts_where_the_partition_is(tmp_path: Path) -> None:
     """Yesterday refunds had no route (dead letters); today it has one: it takes the messages from where the
     partition's other tables are, not the earlier ones (those are dead letters already)."""
-    run(expression_config(tmp_path), TopicsSource([messages_of(E0, 0, events())], {E0: 7}))
+    ingest_until_caught_up(expression_config(tmp_path), TopicsSource([messages_of(E0, 0, events())], {E0: 7}))
     routes = [
         {"name": "clicks", "uri": str(tmp_path / "clicks")},
         {"name": "orders", "uri": str(tmp_path / "orders")},
@@ -273,7 +248,7 @@ def test_a_route_added_later_starts_where_the_partition_is(tmp_path: Path) -> No
     today = config(tmp_path, K2D_KAFKA__TOPIC="e", K2D_ROUTES=json.dumps(routes), K2D_ROUTING__EXPRESSION="kind")
     more = [*events(), {"id": "e7", "kind": "refunds"}]
     source = TopicsSource([messages_of(E0, 0, more)], {E0: 8})
-    run(today, source)
+    ingest_until_caught_up(today, source)
     assert source.starts == {E0: 7}
     assert ids(tmp_path / "refunds") == ["e7"]
     assert DeltaTable(str(tmp_path / "refunds")).transaction_version("e-0") == 7
@@ -290,7 +265,7 @@ def test_a_route_may_have_its_own_dead_letter_table(tmp_path: Path) -> None:
     bad.partitions[A0].payloads[1] = b"{not json"
     worse = messages_of(B0, 0, [{"id": "b0-0"}])
     worse.partitions[B0].payloads[0] = b"[oops"
-    run(cfg, TopicsSource([bad, worse], {A0: 2, B0: 1}))
+    ingest_until_caught_up(cfg, TopicsSource([bad, worse], {A0: 2, B0: 1}))
 
     def letters(uri: Path) -> list[tuple[str, int, int]]:
         rows = DeltaTable(str(uri)).to_pyarrow_table().to_pylist()
@@ -342,16 +317,16 @@ def test_a_replay_stopped_before_it_passes_a_table_ahead_never_moves_that_tables
         return opened
 
     extra = {"id": "e7", "kind": "orders"}
-    run(cfg, TopicsSource([messages_of(E0, 0, events()[:3])], {E0: 3}))
+    ingest_until_caught_up(cfg, TopicsSource([messages_of(E0, 0, events()[:3])], {E0: 3}))
     with pytest.raises(FatalError):
-        run(cfg, TopicsSource([messages_of(E0, 3, [*events()[3:], extra])], {E0: 8}), failing_orders)
+        ingest_until_caught_up(cfg, TopicsSource([messages_of(E0, 3, [*events()[3:], extra])], {E0: 8}), failing_orders)
     assert DeltaTable(str(tmp_path / "clicks")).transaction_version("e-0") == 7
 
-    run(cfg, StoppingSource([messages_of(E0, 3, events()[3:5])], {E0: 8}))
+    ingest_until_caught_up(cfg, StoppingSource([messages_of(E0, 3, events()[3:5])], {E0: 8}))
     assert DeltaTable(str(tmp_path / "clicks")).transaction_version("e-0") == 7
     assert DeltaTable(str(tmp_path / "orders")).transaction_version("e-0") == 4
 
-    run(cfg, TopicsSource([messages_of(E0, 0, [*events(), extra])], {E0: 8}))
+    ingest_until_caught_up(cfg, TopicsSource([messages_of(E0, 0, [*events(), extra])], {E0: 8}))
     assert ids(tmp_path / "clicks") == ["e0", "e1", "e5", "e6"]
     assert ids(tmp_path / "orders") == ["e2", "e7"]
 
@@ -365,7 +340,7 @@ def test_topics_of_one_daemon_do_not_share_dead_letter_txns(tmp_path: Path) -> N
     worse = messages_of(B0, 0, docs("b0-", 0, 3))
     worse.partitions[B0].payloads[0] = b"[oops"
     source = TopicsSource([bad, worse, messages_of(A0, 3, docs("a0-", 3, 2))], {A0: 5, B0: 3})
-    metrics = run(cfg, source)
+    metrics = ingest_until_caught_up(cfg, source)
     assert (
         metrics.registry.get_sample_value(
             "kafka2delta_commit_conflicts_total", {"topic": "b", "partition": "0", "table": str(tmp_path / "b")}
@@ -384,17 +359,17 @@ def test_legacy_txn_ids_are_migrated_once_so_no_history_is_needed_later(
     shop-a-1 at the first read, so a later start needs no commit history naming the owner topic."""
     uri = str(tmp_path / "all")
     yesterday = config(tmp_path, K2D_KAFKA__TOPIC="a", K2D_TABLE__URI=uri, K2D_TABLE__APP_ID="shop")
-    run(
+    ingest_until_caught_up(
         yesterday,
         TopicsSource([messages_of(A0, 0, docs("a0-", 0, 4)), messages_of(A1, 0, docs("a1-", 0, 2))], {A0: 4, A1: 2}),
     )
     today = config(tmp_path, K2D_KAFKA__TOPICS="a,b", K2D_TABLE__URI=uri, K2D_TABLE__APP_ID="shop")
-    run(today, TopicsSource([messages_of(A0, 4, docs("a0-", 4, 1))], {A0: 5, A1: 2, B0: 0}))
+    ingest_until_caught_up(today, TopicsSource([messages_of(A0, 4, docs("a0-", 4, 1))], {A0: 5, A1: 2, B0: 0}))
     table = DeltaTable(uri)
     assert (table.transaction_version("shop-a-0"), table.transaction_version("shop-a-1")) == (4, 1)
 
     monkeypatch.setattr("kafka2delta.writer._HISTORY_LOOKED_AT", 0)  # the single-topic commits are out of reach
     source = TopicsSource([messages_of(A1, 2, docs("a1-", 2, 1))], {A0: 5, A1: 3, B0: 0})
-    run(today, source)
+    ingest_until_caught_up(today, source)
     assert source.starts[A1] == 2
     assert ids(tmp_path / "all").count("a1-0") == 1 and "a1-2" in ids(tmp_path / "all")

@@ -18,8 +18,7 @@ from kafka2delta.config import Config, load_config
 from kafka2delta.errors import ConfigError
 from kafka2delta.records import ConsumedBatch, TopicPartition
 from tests.support.debezium import SourceTable, change_batch, decimal_bytes, field
-from tests.support.runner import TopicsSource
-from tests.unit.test_runner_tables import run
+from tests.support.runner import TopicsSource, ingest_until_caught_up
 
 P0, P1 = TopicPartition("cdc", 0), TopicPartition("cdc", 1)
 
@@ -59,7 +58,7 @@ SCHEMA = json.dumps({"id": "long", "name": "string"})
 def test_the_table_holds_the_last_change_of_each_key_and_the_txn_in_one_commit(tmp_path: Path) -> None:
     cfg = config(tmp_path, K2D_TABLE__SCHEMA=SCHEMA)
     first = plain(P0, 0, [(1, {"id": 1, "name": "a"}), (2, {"id": 2, "name": "b"}), (1, {"id": 1, "name": "a2"})])
-    run(cfg, TopicsSource([first, plain(P0, 3, [(2, None), (3, {"id": 3, "name": "c"})])], {P0: 5}))
+    ingest_until_caught_up(cfg, TopicsSource([first, plain(P0, 3, [(2, None), (3, {"id": 3, "name": "c"})])], {P0: 5}))
     assert rows(tmp_path) == [{"id": 1, "name": "a2"}, {"id": 3, "name": "c"}]
     table = DeltaTable(str(tmp_path / "table"))
     assert table.transaction_version("cdc-0") == 4
@@ -73,12 +72,12 @@ def test_the_table_holds_the_last_change_of_each_key_and_the_txn_in_one_commit(t
 def test_a_replay_of_committed_offsets_changes_nothing(tmp_path: Path) -> None:
     cfg = config(tmp_path, K2D_TABLE__SCHEMA=SCHEMA)
     changes = [(1, {"id": 1, "name": "a"}), (1, None), (2, {"id": 2, "name": "b"})]
-    run(cfg, TopicsSource([plain(P0, 0, changes)], {P0: 3}))
+    ingest_until_caught_up(cfg, TopicsSource([plain(P0, 0, changes)], {P0: 3}))
     version = DeltaTable(str(tmp_path / "table")).version()
     later = plain(P0, 3, [(2, {"id": 2, "name": "b2"})])
     # A source that serves the committed offsets again (a replay after a crash), then one new change.
     source = TopicsSource([plain(P0, 0, changes), later], {P0: 4})
-    run(cfg, source)
+    ingest_until_caught_up(cfg, source)
     assert rows(tmp_path) == [{"id": 2, "name": "b2"}]
     table = DeltaTable(str(tmp_path / "table"))
     assert table.version() == version + 1 and table.transaction_version("cdc-0") == 3
@@ -89,7 +88,7 @@ def test_last_change_is_by_partition_then_offset_across_partitions(tmp_path: Pat
     cfg = config(tmp_path, K2D_TABLE__SCHEMA=SCHEMA)
     batch = plain(P0, 0, [(1, {"id": 1, "name": "p0"})])
     batch.partitions.update(plain(P1, 0, [(1, {"id": 1, "name": "p1"}), (2, {"id": 2, "name": "p1"})]).partitions)
-    run(cfg, TopicsSource([batch], {P0: 1, P1: 2}))
+    ingest_until_caught_up(cfg, TopicsSource([batch], {P0: 1, P1: 2}))
     assert rows(tmp_path) == [{"id": 1, "name": "p1"}, {"id": 2, "name": "p1"}]
     table = DeltaTable(str(tmp_path / "table"))
     assert (table.transaction_version("cdc-0"), table.transaction_version("cdc-1")) == (0, 1)
@@ -98,8 +97,10 @@ def test_last_change_is_by_partition_then_offset_across_partitions(tmp_path: Pat
 
 def test_soft_deletes_keep_the_row_marked_and_change_columns_record_the_op(tmp_path: Path) -> None:
     cfg = config(tmp_path, K2D_TABLE__SCHEMA=SCHEMA, K2D_TABLE__DELETE_MODE="soft", K2D_TABLE__CHANGE_COLUMNS="op")
-    run(cfg, TopicsSource([plain(P0, 0, [(1, {"id": 1, "name": "a"}), (2, {"id": 2, "name": "b"})])], {P0: 2}))
-    run(cfg, TopicsSource([plain(P0, 2, [(1, None), (2, {"id": 2, "name": "b2"})])], {P0: 4}))
+    ingest_until_caught_up(
+        cfg, TopicsSource([plain(P0, 0, [(1, {"id": 1, "name": "a"}), (2, {"id": 2, "name": "b"})])], {P0: 2})
+    )
+    ingest_until_caught_up(cfg, TopicsSource([plain(P0, 2, [(1, None), (2, {"id": 2, "name": "b2"})])], {P0: 4}))
     assert rows(tmp_path) == [
         {"id": 1, "name": "a", "_op": "d", "_deleted": True},
         {"id": 2, "name": "b2", "_op": "u", "_deleted": False},
@@ -110,7 +111,7 @@ def test_a_message_that_cannot_be_read_is_a_dead_letter_and_the_keys_later_chang
     cfg = config(tmp_path, K2D_TABLE__SCHEMA=json.dumps({"id": "long", "n": "int"}))
     bad = change_batch(P0, 1, [(b'{"id": 1}', b"{not json"), (b'{"id": 1}', b'{"id": 1, "n": "x"}')])
     batches = [plain(P0, 0, [(1, {"id": 1, "n": 1})]), bad, plain(P0, 3, [(1, {"id": 1, "n": 4})])]
-    run(cfg, TopicsSource(batches, {P0: 4}))
+    ingest_until_caught_up(cfg, TopicsSource(batches, {P0: 4}))
     assert rows(tmp_path) == [{"id": 1, "n": 4}]
     letters = DeltaTable(str(tmp_path / "dlq")).to_pyarrow_table().sort_by("offset").to_pylist()
     assert [(letter["offset"], letter["stage"]) for letter in letters] == [(1, "deserialize"), (2, "coerce")]
@@ -119,7 +120,7 @@ def test_a_message_that_cannot_be_read_is_a_dead_letter_and_the_keys_later_chang
 def test_a_tombstone_without_a_key_and_a_row_without_its_key_are_dead_letters(tmp_path: Path) -> None:
     cfg = config(tmp_path, K2D_TABLE__SCHEMA=SCHEMA)
     batch = change_batch(P0, 0, [(None, None), (b'{"id": 5}', b'{"name": "no id"}'), (b'{"id": 6}', b'{"id": 6}')])
-    run(cfg, TopicsSource([batch], {P0: 3}))
+    ingest_until_caught_up(cfg, TopicsSource([batch], {P0: 3}))
     assert rows(tmp_path) == [{"id": 6, "name": None}]
     letters = DeltaTable(str(tmp_path / "dlq")).to_pyarrow_table().sort_by("offset").to_pylist()
     assert [letter["offset"] for letter in letters] == [0, 1]
@@ -200,7 +201,7 @@ def test_debezium_events_land_with_their_logical_types(tmp_path: Path, schemas: 
         (ORDERS.key_bytes({"id": 1}, schemas), None),
         ORDERS.event("c", order(7, note="moved"), lsn=14, schemas=schemas),
     ]
-    run(cfg, TopicsSource([change_batch(P0, 0, events)], {P0: len(events)}))
+    ingest_until_caught_up(cfg, TopicsSource([change_batch(P0, 0, events)], {P0: len(events)}))
     table = DeltaTable(str(tmp_path / "table"))
     got = rows(tmp_path)
     assert len(got) == 1
@@ -229,9 +230,9 @@ def test_a_column_added_in_the_source_becomes_a_column_earlier_rows_null(tmp_pat
     before = SourceTable("t", [field("id", "int32", optional=False), field("name", "string")], ["id"])
     after = SourceTable("t", [*before.columns, field("extra", "int64")], ["id"])
     first = [before.event("c", {"id": 1, "name": "a"}, lsn=1), before.event("c", {"id": 2, "name": "b"}, lsn=2)]
-    run(cfg, TopicsSource([change_batch(P0, 0, first)], {P0: 2}))
+    ingest_until_caught_up(cfg, TopicsSource([change_batch(P0, 0, first)], {P0: 2}))
     second = [after.event("c", {"id": 3, "name": "c", "extra": 30}, lsn=3)]
-    run(cfg, TopicsSource([change_batch(P0, 2, second)], {P0: 3}))
+    ingest_until_caught_up(cfg, TopicsSource([change_batch(P0, 2, second)], {P0: 3}))
     assert rows(tmp_path) == [
         {"id": 1, "name": "a", "extra": None},
         {"id": 2, "name": "b", "extra": None},
@@ -244,7 +245,7 @@ def test_a_column_added_in_the_source_becomes_a_column_earlier_rows_null(tmp_pat
 def test_a_truncate_is_a_dead_letter_that_says_why(tmp_path: Path) -> None:
     cfg = config(tmp_path, K2D_FORMAT__ENVELOPE="debezium", K2D_TABLE__SCHEMA=SCHEMA)
     truncate = json.dumps({"before": None, "after": None, "op": "t", "source": {"ts_ms": 1}}).encode()
-    run(cfg, TopicsSource([change_batch(P0, 0, [(None, truncate)])], {P0: 1}))
+    ingest_until_caught_up(cfg, TopicsSource([change_batch(P0, 0, [(None, truncate)])], {P0: 1}))
     (letter,) = DeltaTable(str(tmp_path / "dlq")).to_pyarrow_table().to_pylist()
     assert "TRUNCATE" in letter["error"]
 
@@ -281,9 +282,9 @@ def test_an_unchanged_toasted_value_keeps_the_rows_value(tmp_path: Path) -> None
     table = SourceTable(
         "t", [field("id", "int64", optional=False), field("doc", "string"), field("note", "string")], ["id"]
     )
-    run(
+    ingest_until_caught_up(
         cfg, TopicsSource([change_batch(P0, 0, [table.event("c", {"id": 1, "doc": "x" * 3000, "note": "a"})])], {P0: 1})
     )
     unchanged = {"id": 1, "doc": "__debezium_unavailable_value", "note": "b"}
-    run(cfg, TopicsSource([change_batch(P0, 1, [table.event("u", unchanged)])], {P0: 2}))
+    ingest_until_caught_up(cfg, TopicsSource([change_batch(P0, 1, [table.event("u", unchanged)])], {P0: 2}))
     assert rows(tmp_path) == [{"id": 1, "doc": "x" * 3000, "note": "b"}]
