@@ -1,4 +1,4 @@
-"""Debian tools the observability tests need, installed once: ``python -m dev.tools ensure chromium prometheus``.
+"""Debian tools the tests need, installed once: ``python -m dev.tools ensure chromium prometheus postgresql``.
 
 Idempotent: a tool whose programs are already on PATH is left alone; otherwise ``apt-get update`` runs (once
 per call) and then ``apt-get install -y --no-install-recommends`` with the missing packages. Package services
@@ -21,10 +21,13 @@ import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-# tool → (Debian package, programs it must put on PATH)
+# tool → (Debian package, programs it must put on PATH). A program given as an absolute glob pattern is looked
+# for there instead (the newest match wins): Debian keeps PostgreSQL's server programs off PATH, in
+# /usr/lib/postgresql/<major>/bin (dev/postgres runs them).
 TOOLS: dict[str, tuple[str, tuple[str, ...]]] = {
     "chromium": ("chromium", ("chromium",)),
     "prometheus": ("prometheus", ("prometheus", "promtool")),
+    "postgresql": ("postgresql", ("psql", "/usr/lib/postgresql/*/bin/initdb", "/usr/lib/postgresql/*/bin/postgres")),
 }
 _POLICY = Path("/usr/sbin/policy-rc.d")
 _LOCK = Path("/tmp/kafka2delta-dev-tools.lock")
@@ -40,7 +43,18 @@ def missing(tools: Sequence[str]) -> list[str]:
     unknown = [t for t in tools if t not in TOOLS]
     if unknown:
         raise ValueError(f"unknown tools {unknown}; known: {sorted(TOOLS)}")
-    return [t for t in tools if not all(shutil.which(program) for program in TOOLS[t][1])]
+    return [t for t in tools if not all(find(program) for program in TOOLS[t][1])]
+
+
+def find(program: str) -> str | None:
+    """``program``'s path: on PATH, or for an absolute glob pattern the newest match (by major version)."""
+    if not program.startswith("/"):
+        return shutil.which(program)
+    pattern = Path(program)
+    matches = [p for p in Path(pattern.anchor).glob(str(pattern.relative_to(pattern.anchor))) if os.access(p, os.X_OK)]
+    if not matches:
+        return None
+    return str(max(matches, key=lambda p: [int(part) if part.isdigit() else -1 for part in p.parts]))
 
 
 def ensure(tools: Sequence[str]) -> dict[str, str]:
@@ -54,7 +68,7 @@ def ensure(tools: Sequence[str]) -> dict[str, str]:
         still = missing(todo)
         if still:
             raise ToolInstallError(f"apt-get ran but {still} are still not on PATH")
-    return {program: str(shutil.which(program)) for t in tools for program in TOOLS[t][1]}
+    return {program: str(find(program)) for t in tools for program in TOOLS[t][1]}
 
 
 @contextlib.contextmanager

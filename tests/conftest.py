@@ -1,8 +1,11 @@
 """Shared fixtures. Integration tests get a real Kafka broker (KRaft, from Maven Central jars)
 started once per session on free loopback ports, unless K2D_TEST_BOOTSTRAP_SERVERS names one, and,
 when a test asks for it, a real schema registry (Apicurio Registry, Confluent-compatible API) the
-same way, unless K2D_TEST_SCHEMA_REGISTRY_URL names one; and the factories of the real-broker tests
-(integration, Spark, chaos): topics, set-ups (topic + table + config file) and daemon subprocesses."""
+same way, unless K2D_TEST_SCHEMA_REGISTRY_URL names one; for change data capture, PostgreSQL
+(logical decoding on) unless K2D_TEST_POSTGRES_DSN names one, and a Kafka Connect worker with the
+Debezium PostgreSQL connector on that broker unless K2D_TEST_CONNECT_URL names one; and the
+factories of the real-broker tests (integration, Spark, chaos): topics, set-ups (topic + table +
+config file) and daemon subprocesses."""
 
 from __future__ import annotations
 
@@ -15,7 +18,9 @@ from typing import Any
 
 import pytest
 
+from dev.connect.connect import ConnectClient, LocalConnect
 from dev.kafka.broker import LocalBroker, create_topic
+from dev.postgres.postgres import Database, LocalPostgres
 from dev.registry.registry import LocalRegistry
 from tests.support.harness import METADATA_COLUMNS, SCHEMA, Daemon, Setup, Topic, toml_section
 
@@ -45,6 +50,37 @@ def schema_registry_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[st
         yield registry.start()
     finally:
         registry.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Database]:
+    """A PostgreSQL database with ``wal_level=logical`` and a superuser role Debezium can log in with."""
+    external = os.environ.get("K2D_TEST_POSTGRES_DSN")
+    if external:
+        yield Database.from_dsn(external)
+        return
+    server = LocalPostgres(tmp_path_factory.mktemp("postgres"))
+    try:
+        server.start()
+        yield server.database
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka_connect(tmp_path_factory: pytest.TempPathFactory, kafka_bootstrap: str) -> Iterator[ConnectClient]:
+    """The REST API of a Kafka Connect worker (standalone) with the Debezium PostgreSQL connector, producing
+    to ``kafka_bootstrap``."""
+    external = os.environ.get("K2D_TEST_CONNECT_URL")
+    if external:
+        yield ConnectClient(external)
+        return
+    worker = LocalConnect(tmp_path_factory.mktemp("connect"), bootstrap_servers=kafka_bootstrap)
+    try:
+        worker.start()
+        yield worker.client
+    finally:
+        worker.stop()
 
 
 @pytest.fixture
