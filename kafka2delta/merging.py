@@ -46,11 +46,13 @@ def merge_changes(
     delete = f"{_SOURCE}.{quote(DELETE_FLAG)}"
     values = {quote(name): f"{_SOURCE}.{quote(name)}" for name in columns}
     updates = dict(values)
+    in_target = {f.name for f in pa.schema(table.schema().to_arrow())}
     if options.envelope == "debezium":
         # Debezium sends an unchanged TOASTed value (PostgreSQL without REPLICA IDENTITY FULL) as a placeholder:
         # an update keeps the value the row has.
         for name in columns:
-            if pa.types.is_string(source.schema.field(name).type) and name not in options.key:
+            string = pa.types.is_string(source.schema.field(name).type)
+            if string and name in in_target and name not in options.key:  # a column this MERGE adds has no value yet
                 column = quote(name)
                 updates[column] = (
                     f"CASE WHEN {_SOURCE}.{column} = {literal(UNAVAILABLE_VALUE)} THEN {_TARGET}.{column} "

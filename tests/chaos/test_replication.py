@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-from confluent_kafka import Consumer
+from confluent_kafka import Consumer, KafkaException
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 from deltalake import DeltaTable
 
@@ -171,6 +171,7 @@ group_id = "{prefix}"
 [kafka.settings]
 "session.timeout.ms" = "6000"
 "heartbeat.interval.ms" = "1000"
+"topic.metadata.refresh.interval.ms" = "2000"
 [table]
 uri = "{tmp_path}/tables/{{topic}}"
 mode = "upsert"
@@ -196,6 +197,13 @@ def high_watermarks(bootstrap: str, topics: list[str]) -> dict[str, int]:
         consumer.close()
 
 
+def snapshot_arrived(bootstrap: str, topics: list[str]) -> bool:
+    try:
+        return all(high_watermarks(bootstrap, topics).values())
+    except KafkaException:  # a topic the worker has not created yet
+        return False
+
+
 def wait_quiet(bootstrap: str, topics: list[str], quiet_s: float = 4.0, timeout: float = 120) -> None:
     """Until Debezium has produced everything: the topics' ends stop moving."""
     deadline = time.monotonic() + timeout
@@ -208,6 +216,14 @@ def wait_quiet(bootstrap: str, topics: list[str], quiet_s: float = 4.0, timeout:
         elif time.monotonic() - since >= quiet_s:
             return
     raise AssertionError(f"Debezium kept producing for {timeout} s: {last}")
+
+
+def committed(daemon: Daemon, timeout: float = 60) -> None:
+    """Until the daemon's log shows a commit (it has caught up with its partitions' assignment)."""
+    deadline = time.monotonic() + timeout
+    while "committed version" not in daemon.log():
+        assert time.monotonic() < deadline, f"no commit in {timeout} s:\n{daemon.log()[-3000:]}"
+        time.sleep(0.2)
 
 
 def normalized(value: Any) -> Any:
@@ -249,6 +265,10 @@ def test_postgres_tables_equal_their_delta_tables_through_debezium_and_sigkills(
     def start(*extra: str) -> Daemon:
         return Daemon([*args, *extra], env, tmp_path / f"daemon-{next(logs)}.log")
 
+    deadline = time.monotonic() + 60  # the worker creates the topics as the snapshot reaches them
+    while not snapshot_arrived(kafka_bootstrap, topics):
+        assert time.monotonic() < deadline, "Debezium's snapshot did not reach every topic in 60 s"
+        time.sleep(0.5)
     rng = random.Random(7)
     kill_at = sorted(rng.sample(range(OPERATIONS), KILLS))
     daemon = start()
@@ -261,7 +281,8 @@ def test_postgres_tables_equal_their_delta_tables_through_debezium_and_sigkills(
                 workload.add_column(conn)
             if kill_at and step == kill_at[0]:
                 kill_at.pop(0)
-                time.sleep(rng.uniform(0.5, 2.5))  # let it be mid-flush somewhere
+                committed(daemon)  # kill a daemon that is committing, at a random moment of its work
+                time.sleep(rng.uniform(0.0, 1.5))
                 daemon.kill()
                 daemon = start()
             if step % 50 == 0:
