@@ -185,7 +185,7 @@ def decimal_value(value: Any, scale: int, path: str) -> Decimal:
     if not isinstance(raw, (bytes, bytearray)):
         raise connect_error(f"{path}: a decimal must be base64 bytes or a number, got {_shown(value)}")
     unscaled = int.from_bytes(raw, "big", signed=True)
-    return Decimal(unscaled).scaleb(-scale)
+    return Decimal(f"{unscaled}E{-scale}")  # exact: scaleb would round to the context's 28 digits
 
 
 def bytes_value(value: Any, path: str) -> bytes:

@@ -20,11 +20,13 @@ from typing import Any
 
 import pyarrow as pa
 
-from kafka2delta.changes.connect import fit_to_column
+from kafka2delta.changes.avro import connect_schema
+from kafka2delta.changes.connect import ConnectSchema, fit_to_column
 from kafka2delta.changes.envelope import Change, debezium_change, plain_change, source_timestamp
 from kafka2delta.changes.options import DELETED_COLUMN, ChangeOptions
 from kafka2delta.errors import MessageError
 from kafka2delta.records import PartitionMessages
+from kafka2delta.serialization.avro import AvroDeserializer
 from kafka2delta.serialization.base import Decoded, Deserializer, KeyDecoder, decode_error
 
 
@@ -37,6 +39,7 @@ class ChangeDeserializer:
         self._options = options
         self._unwrap = debezium_change if options.envelope == "debezium" else plain_change
         self._table_schema = pa.schema([])
+        self._connect_schemas: dict[int, ConnectSchema] = {}
         self._extra: dict[str, pa.Field] = {
             name: pa.field(name, data_type) for name, data_type in options.extra_columns().items()
         }
@@ -75,13 +78,25 @@ class ChangeDeserializer:
                 key = self._keys(raw_key)
             except MessageError as exc:
                 raise decode_error(f"key: {exc.reason}") from exc
-        value = self._inner.document(messages, position) if messages.payloads[position] else None
+        payload = messages.payloads[position]
+        value = self._read_value(messages, position, payload) if payload else None
         change = self._unwrap(value, key, self._options.key)
         missing = [column for column in self._options.key if change.row.get(column) is None]
         if missing:
             what = "delete" if change.delete else "row"
             raise decode_error(f"the {what} has no value for the key column(s) {missing}")
         return change
+
+    def _read_value(self, messages: PartitionMessages, position: int, payload: bytes) -> Any:
+        """The decoded value; an Avro one wrapped with the Connect schema its writer schema carries, as the JSON
+        converter would have embedded it (so both go through the same conversions)."""
+        if not isinstance(self._inner, AvroDeserializer):
+            return self._inner.document(messages, position)
+        schema_id, writer, datum = self._inner.codec.read_record(payload)
+        schema = self._connect_schemas.get(schema_id)
+        if schema is None:
+            schema = self._connect_schemas[schema_id] = connect_schema(writer.parsed)
+        return {"schema": schema, "payload": datum}
 
     def _document(self, change: Change) -> dict[str, Any]:
         row = change.row if change.fields is not None else self._fitted(change.row)

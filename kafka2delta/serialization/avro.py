@@ -421,6 +421,11 @@ class AvroDeserializer(BaseDeserializer):
         self._codec = codec
         self.topic = topic
 
+    @property
+    def codec(self) -> AvroCodec:
+        """The reader (writer schemas by id), for stages that need the schema with the value (change events)."""
+        return self._codec
+
     def _document(self, payload: bytes) -> dict[str, Any]:
         return self._codec.read_record(payload)[2]
 
