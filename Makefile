@@ -44,7 +44,7 @@ demo: broker-start
 	$(PY) -m dev.demo --bootstrap "$$($(PY) -m dev.kafka.broker status --dir $(KAFKA_DIR))"
 
 # --- benchmark (bench/README.md): kafka2delta side by side with Spark Structured Streaming; never part of `make test`
-.PHONY: bench-install bench-quick bench-profile bench-report bench-topics
+.PHONY: bench-install bench-quick bench-profile bench-report bench-topics bench-upsert
 bench-install: $(VENV)/.bench-installed
 
 $(VENV)/.bench-installed: pyproject.toml $(VENV)/.installed
@@ -66,6 +66,11 @@ bench-profile: bench-install
 ## bench-topics: 200 one-partition topics (a table each) against one 200-partition topic, same messages → bench/results/topics.json
 bench-topics: bench-install
 	$(PY) -m bench.topics $(BENCH_ARGS)
+
+## bench-upsert: upsert tables under a stream of changes (70% updates, 20% inserts, 10% deletes), kafka2delta against
+## Spark foreachBatch MERGE, flush 1/10/60 s, uniform and recent keys → bench/results/upsert.json (BENCH_ARGS: --quick …)
+bench-upsert: bench-install
+	$(PY) -m bench.upsert $(BENCH_ARGS)
 
 ## bench-report: rewrite latest.md and the plots from bench/results/latest.json
 bench-report: bench-install
