@@ -195,17 +195,27 @@ class Pipeline:
     ) -> None:
         """Deletes name a key: only their key and change columns are fitted (the other columns stay null)."""
         schema = pa.schema([f.with_nullable(True) for f in self._schema if f.name in deletes[min(deletes)]])
+        rows: list[dict[str, Any]] = []
+        positions: list[int] = []
         for position, document in sorted(deletes.items()):
             try:
                 row, _ = coerce_document(document, schema, self._options)
-                table = pa.Table.from_pylist([row], schema=schema)
             except MessageError as error:
                 outcome.dead(position, error, document)
                 continue
-            except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, ValueError, TypeError) as exc:
-                outcome.dead(position, MessageError("coerce", f"the key cannot be fitted to the table: {exc}"))
-                continue
-            outcome.add_rows(table, [position], delete=True)
+            rows.append(row)
+            positions.append(position)
+
+        def build(chunk: list[int]) -> pa.Table:
+            return pa.Table.from_pylist([rows[i] for i in chunk], schema=schema)
+
+        errors = (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, ValueError, TypeError)
+        pieces, failures = isolate_failures(list(range(len(rows))), build, errors)
+        for chunk, table in pieces:
+            outcome.add_rows(table, [positions[i] for i in chunk], delete=True)
+        for index, exc in failures:
+            reason = f"the key cannot be fitted to the table: {exc}"
+            outcome.dead(positions[index], MessageError("coerce", reason))
 
     def _slow_documents(
         self,
