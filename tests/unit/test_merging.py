@@ -1,0 +1,51 @@
+"""The MERGE predicate of upsert tables: key equality plus the bounds that let delta-rs skip files, and a MERGE
+that rewrites only the files holding the batch's keys (real local Delta table)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import pyarrow as pa
+from deltalake import CommitProperties, DeltaTable, write_deltalake
+
+from kafka2delta.changes import DELETE_FLAG, ChangeOptions
+from kafka2delta.merging import literal, merge_changes, merge_predicate
+
+
+def test_the_predicate_bounds_orderable_keys_and_lists_partition_values() -> None:
+    source = pa.table(
+        {
+            "id": pa.array([5, 1, 9], pa.int64()),
+            "code": ["a", "b'c", "a"],
+            "day": [dt.date(2024, 1, 2), dt.date(2024, 1, 1), dt.date(2024, 1, 2)],
+            DELETE_FLAG: [False, False, True],
+        }
+    )
+    predicate = merge_predicate(source, ["id", "code"], ["day"])
+    assert predicate == (
+        "t.`id` = s.`id` AND t.`code` = s.`code` AND t.`id` >= 1 AND t.`id` <= 9 AND "
+        "t.`day` IN (DATE '2024-01-02', DATE '2024-01-01')"
+    )
+    assert literal("it's") == "'it''s'"
+
+
+def test_a_merge_rewrites_only_the_files_whose_key_range_holds_a_change(tmp_path: Path) -> None:
+    uri = str(tmp_path / "t")
+    for start in range(0, 1000, 100):  # ten files of 100 keys each
+        rows = pa.table({"id": pa.array(range(start, start + 100), pa.int64()), "v": ["old"] * 100})
+        write_deltalake(uri, rows, mode="append")
+    changes = pa.table({"id": pa.array([150, 151], pa.int64()), "v": ["new", None], DELETE_FLAG: [False, True]})
+    table = DeltaTable(uri)
+    metrics = merge_changes(
+        table,
+        changes,
+        ChangeOptions(key=("id",)),
+        partition_by=[],
+        evolve=False,
+        compression="snappy",
+        properties=CommitProperties(),
+    )
+    assert metrics["num_target_files_removed"] == 1 and metrics["num_target_files_skipped_during_scan"] == 9
+    rows = {r["id"]: r["v"] for r in DeltaTable(uri).to_pyarrow_table().to_pylist()}
+    assert len(rows) == 999 and rows[150] == "new" and 151 not in rows and rows[152] == "old"
