@@ -136,6 +136,7 @@ class Committer:
             metadata.update(mode="upsert", changes=source.num_rows)
             version = self._writer.merge(source, changes, expected, versions, metadata, evolve=evolving)
             self.commit_seconds = self._clock() - started
+            self._report_merge(version, source.num_rows)
             if evolving:
                 self._evolved(version, schema)
             return version
@@ -151,6 +152,23 @@ class Committer:
         self.commit_seconds = self._clock() - started
         self._evolved(version, schema)
         return version
+
+    def _report_merge(self, version: int, changes: int) -> None:
+        stats = self._writer.last_merge
+        self._metrics.merged(self.name, stats)
+        logger.info(
+            "merged %d changes into version %d of %s: %d inserted, %d updated, %d deleted; %d files rewritten "
+            "(%d rows copied), %d skipped by the key bounds",
+            changes,
+            version,
+            self.name,
+            stats.get("num_target_rows_inserted", 0),
+            stats.get("num_target_rows_updated", 0),
+            stats.get("num_target_rows_deleted", 0),
+            stats.get("num_target_files_removed", 0),
+            stats.get("num_target_rows_copied", 0),
+            stats.get("num_target_files_skipped_during_scan", 0),
+        )
 
     def _evolved(self, version: int, schema: pa.Schema) -> None:
         added = evolve(self.table_schema, schema, inferred=False).added

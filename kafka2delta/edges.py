@@ -126,6 +126,11 @@ class TableWriter(Protocol):
         """Upsert tables: apply the last change per key and the txns in one MERGE commit."""
         ...
 
+    @property
+    def last_merge(self) -> dict[str, Any]:
+        """delta-rs's metrics of the last MERGE (rows and files touched)."""
+        ...
+
 
 class DeadLetterStore(Protocol):
     """The dead-letter table, with its own txn per partition (committed before the main table's)."""

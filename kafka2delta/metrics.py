@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -213,6 +214,18 @@ class Metrics:
         self._bytes = Counter(f"{_PREFIX}_bytes_written", "Parquet bytes committed to a table.", table, registry=r)
         self._files = Counter(f"{_PREFIX}_files_written", "Parquet files committed to a table.", table, registry=r)
         self._commits = Counter(f"{_PREFIX}_commits", "Delta commits made.", ("table", "reason"), registry=r)
+        self._merged_rows = Counter(
+            f"{_PREFIX}_merged_rows",
+            "Upsert tables: table rows a MERGE inserted, updated, deleted, or copied into the files it rewrote.",
+            ("table", "action"),
+            registry=r,
+        )
+        self._merged_files = Counter(
+            f"{_PREFIX}_merged_files",
+            "Upsert tables: files a MERGE added and removed (a rewritten file counts once each way).",
+            ("table", "action"),
+            registry=r,
+        )
         self._conflicts = Counter(
             f"{_PREFIX}_commit_conflicts",
             "Partitions whose txn version moved under a commit (data dropped, resynced).",
@@ -388,6 +401,13 @@ class Metrics:
             return
         seconds = pc.divide(pc.subtract(pa.scalar(wall * 1000.0), stamps.cast(pa.float64())), 1000.0)
         self._latency.observe_many((topic, table), pc.max_element_wise(seconds, 0.0))
+
+    def merged(self, table: str, stats: Mapping[str, Any]) -> None:
+        """delta-rs's metrics of one MERGE (``num_target_rows_*``, ``num_target_files_*``)."""
+        for action in ("inserted", "updated", "deleted", "copied"):
+            self._merged_rows.labels(table, action).inc(int(stats.get(f"num_target_rows_{action}", 0)))
+        for action in ("added", "removed"):
+            self._merged_files.labels(table, action).inc(int(stats.get(f"num_target_files_{action}", 0)))
 
     def commit_retry(self, table: str) -> None:
         self._commit_retries.labels(table).inc()

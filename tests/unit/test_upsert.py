@@ -15,6 +15,7 @@ import pytest
 from deltalake import DeltaTable
 
 from kafka2delta.config import Config, load_config
+from kafka2delta.coordinator import Coordinator, FileBackend
 from kafka2delta.errors import ConfigError
 from kafka2delta.records import ConsumedBatch, TopicPartition
 from tests.support.debezium import SourceTable, change_batch, decimal_bytes, field
@@ -58,8 +59,16 @@ SCHEMA = json.dumps({"id": "long", "name": "string"})
 def test_the_table_holds_the_last_change_of_each_key_and_the_txn_in_one_commit(tmp_path: Path) -> None:
     cfg = config(tmp_path, K2D_TABLE__SCHEMA=SCHEMA)
     first = plain(P0, 0, [(1, {"id": 1, "name": "a"}), (2, {"id": 2, "name": "b"}), (1, {"id": 1, "name": "a2"})])
-    ingest_until_caught_up(cfg, TopicsSource([first, plain(P0, 3, [(2, None), (3, {"id": 3, "name": "c"})])], {P0: 5}))
+    second = plain(P0, 3, [(2, None), (3, {"id": 3, "name": "c"})])
+    metrics = ingest_until_caught_up(cfg, TopicsSource([first, second], {P0: 5}))
     assert rows(tmp_path) == [{"id": 1, "name": "a2"}, {"id": 3, "name": "c"}]
+    merged = {
+        action: metrics.registry.get_sample_value(
+            "kafka2delta_merged_rows_total", {"table": str(tmp_path / "table"), "action": action}
+        )
+        for action in ("inserted", "deleted")
+    }
+    assert merged == {"inserted": 2.0, "deleted": 0.0}  # key 2 was inserted and deleted within the flush
     table = DeltaTable(str(tmp_path / "table"))
     assert table.transaction_version("cdc-0") == 4
     last = table.history(1)[0]
@@ -288,3 +297,21 @@ def test_an_unchanged_toasted_value_keeps_the_rows_value(tmp_path: Path) -> None
     unchanged = {"id": 1, "doc": "__debezium_unavailable_value", "note": "b"}
     ingest_until_caught_up(cfg, TopicsSource([change_batch(P0, 1, [table.event("u", unchanged)])], {P0: 2}))
     assert rows(tmp_path) == [{"id": 1, "doc": "x" * 3000, "note": "b"}]
+
+
+def test_upsert_commits_take_the_coordinators_ingest_turn(tmp_path: Path) -> None:
+    locks = tmp_path / "locks"
+    cfg = config(
+        tmp_path,
+        K2D_TABLE__SCHEMA=SCHEMA,
+        K2D_COORDINATOR__BACKEND="file",
+        K2D_COORDINATOR__LOCK_DIR=str(locks),
+        K2D_COORDINATOR__RESOURCE="cdc",
+        K2D_COORDINATOR__JOIN_INGEST="true",
+    )
+    ingest_until_caught_up(cfg, TopicsSource([plain(P0, 0, [(1, {"id": 1, "name": "a"})])], {P0: 1}))
+    ingest_until_caught_up(cfg, TopicsSource([plain(P0, 1, [(1, None)])], {P0: 2}))
+    assert rows(tmp_path) == []
+    with Coordinator(FileBackend(str(locks), "cdc"), "cdc") as coordinator:
+        last = coordinator.last()
+    assert last is not None and last.job == "ingest" and last.sequence == 2
