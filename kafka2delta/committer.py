@@ -134,6 +134,7 @@ class Committer:
             unavailable = UNAVAILABLE_VALUE if changes.envelope == "debezium" else None
             source = self._last_changes(taken, schema, changes.key, unavailable)
             metadata.update(mode="upsert", changes=source.num_rows)
+            faults.point("before_merge")
             version = self._writer.merge(source, changes, expected, versions, metadata, evolve=evolving)
             self.commit_seconds = self._clock() - started
             self._report_merge(version, source.num_rows)

@@ -1,7 +1,7 @@
 """The metrics facade: one method per event, Prometheus underneath, one registry per daemon.
 
 Every metric is listed in docs/OPERATING.md (and the README) with its type, labels and meaning; the names are a
-fixed list (:data:`METRIC_NAMES`). Labels are bounded: topic, partition, stage, reason, event, version;
+fixed list (:data:`METRIC_NAMES`). Labels are bounded: topic, partition, stage, reason, event, version, action;
 never offsets or keys. The HTTP endpoints that serve the registry are in :mod:`kafka2delta.status`.
 
 The end-to-end latency histogram is observed once per commit for every committed row at once:
@@ -47,6 +47,8 @@ METRIC_NAMES = (
     "kafka2delta_bytes_written_total",
     "kafka2delta_files_written_total",
     "kafka2delta_commits_total",
+    "kafka2delta_merged_rows_total",
+    "kafka2delta_merged_files_total",
     "kafka2delta_commit_conflicts_total",
     "kafka2delta_commit_retries_total",
     "kafka2delta_storage_retries_total",

@@ -36,6 +36,7 @@ from tests.support.harness import ROOT, Daemon
 FULL = os.environ.get("K2D_CHAOS") == "full"
 SNAPSHOT_ROWS = 10_000 if FULL else 1_000
 KILLS = 8 if FULL else 2
+FAULTS = ("before_merge:2", "after_delta_commit:2", "after_parquet_write:2")
 OPERATIONS = 6_000 if FULL else 600
 
 ACCOUNTS = """CREATE TABLE accounts (
@@ -307,8 +308,9 @@ def test_postgres_tables_equal_their_delta_tables_through_debezium_and_sigkills(
     args = [sys.executable, "-m", "kafka2delta", "ingest", "-c", str(config_path)]
     logs = iter(range(1000))
 
-    def start(*extra: str) -> Daemon:
-        return Daemon([*args, *extra], env, tmp_path / f"daemon-{next(logs)}.log")
+    def start(*extra: str, fault: str | None = None) -> Daemon:
+        armed = {**env, "K2D_FAULT_INJECT": fault} if fault else env
+        return Daemon([*args, *extra], armed, tmp_path / f"daemon-{next(logs)}.log")
 
     deadline = time.monotonic() + 60  # the worker creates the topics as the snapshot reaches them
     while not snapshot_arrived(kafka_bootstrap, topics):
@@ -316,6 +318,9 @@ def test_postgres_tables_equal_their_delta_tables_through_debezium_and_sigkills(
         time.sleep(0.5)
     rng = random.Random(7)
     kill_at = sorted(rng.sample(range(OPERATIONS), KILLS))
+    # The first restarts kill themselves at a named step of their second commit (the MERGE computed and not
+    # made; after its commit; after the rows were checked), the last ones are SIGKILLed from outside.
+    faults = [FAULTS[i] if i < len(FAULTS) and i < KILLS - 1 else None for i in range(KILLS)]
     daemon = start()
     with workload.connect() as conn:
         for step in range(OPERATIONS):
@@ -328,12 +333,18 @@ def test_postgres_tables_equal_their_delta_tables_through_debezium_and_sigkills(
                 kill_at.pop(0)
                 committed(daemon)  # kill a daemon that is committing, at a random moment of its work
                 time.sleep(rng.uniform(0.0, 1.5))
-                daemon.kill()
-                daemon = start()
+                daemon.kill()  # nothing to do when it already killed itself at its fault point
+                daemon = start(fault=faults[KILLS - len(kill_at) - 1])
             if step % 50 == 0:
                 time.sleep(0.05)
     wait_quiet(kafka_bootstrap, topics)
     messages = sum(high_watermarks(kafka_bootstrap, topics).values())
+    fired = [
+        line.split("SIGKILL at ")[1]
+        for log in tmp_path.glob("daemon-*.log")
+        for line in log.read_text().splitlines()
+        if "fault injection: SIGKILL at" in line
+    ]
     assert daemon.stop() == 0, daemon.log()[-3000:]
     final = start("--until-caught-up")
     assert final.wait(300) == 0, final.log()[-3000:]
@@ -376,7 +387,7 @@ def test_postgres_tables_equal_their_delta_tables_through_debezium_and_sigkills(
     )
     assert verify.returncode == 0, verify.stdout + verify.stderr
     print(
-        f"\nreplication ({converter}): {SNAPSHOT_ROWS} snapshot rows per table, {OPERATIONS} operations, {KILLS} SIGKILLs, "
+        f"\nreplication ({converter}): {SNAPSHOT_ROWS} snapshot rows per table, {OPERATIONS} operations, {KILLS} SIGKILLs (self-inflicted at {sorted(fired)}), "
         f"{messages} change events: every Delta table equals its PostgreSQL table; verify OK",
         flush=True,
     )

@@ -99,6 +99,7 @@ def fire_every_event(metrics: Metrics) -> None:
     metrics.coordinator_skip("events", "order")
     metrics.assigned(2)
     metrics.lag("t", 0, 7)
+    metrics.merged("events", {"num_target_rows_inserted": 2, "num_target_files_added": 1})
     metrics.committed(
         CommitStats(
             table="events",
@@ -132,7 +133,7 @@ def test_every_documented_metric_is_exposed_with_its_type() -> None:
 def test_no_unbounded_label() -> None:
     metrics = Metrics()
     fire_every_event(metrics)
-    allowed = {"topic", "partition", "table", "stage", "reason", "event", "version", "le"}
+    allowed = {"topic", "partition", "table", "stage", "reason", "event", "version", "action", "le"}
     for family in metrics.registry.collect():
         for sample in family.samples:
             assert set(sample.labels) <= allowed, (sample.name, sample.labels)
