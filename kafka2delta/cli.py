@@ -23,6 +23,7 @@ from kafka2delta.coercions import CoercionOptions
 from kafka2delta.config import Config, load_config
 from kafka2delta.coordinator import open_coordinator
 from kafka2delta.dead_letters import DeadLetterTable
+from kafka2delta.deferred_tables import DeferredTable, open_delta_table
 from kafka2delta.errors import ConfigError, FatalError, Kafka2DeltaError, RetryableError
 from kafka2delta.kafka import DeadLetterTopic, KafkaSource, high_watermarks, subscribed_topics, topic_partitions
 from kafka2delta.logs import setup_logging
@@ -39,7 +40,7 @@ from kafka2delta.splitting import ROUTE_COLUMN, ROUTE_SCHEMA
 from kafka2delta.status import StatusServer
 from kafka2delta.tables import OpenedTable
 from kafka2delta.transforms import Transformer
-from kafka2delta.writer import DeferredTable, DeltaWriter, open_delta_table
+from kafka2delta.writer import DeltaWriter
 
 logger = logging.getLogger("kafka2delta")
 

@@ -3,7 +3,8 @@
 Off by default. The CLI arms it from ``K2D_FAULT_INJECT=<point>[:<nth hit>]``; when it is not
 armed a :func:`point` call is one comparison. Points: ``after_parquet_write``,
 ``after_dead_letter_commit``, ``before_merge`` (upsert tables: the MERGE's changes are computed, the
-call that writes its files and commits them not made), ``after_delta_commit``, ``before_kafka_commit``, ``after_kafka_commit``,
+call that writes its files and commits them not made), ``after_delta_commit``, ``before_kafka_commit``,
+``after_kafka_commit``,
 ``in_revoke`` (a rebalance took partitions from us, before their buffers are committed) and ``in_assign``
 (partitions given to us, before their start offsets are read from the table). The chaos suite
 (``tests/chaos``) kills the daemon at each of them.

@@ -26,7 +26,6 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
 import numpy as np
@@ -43,7 +42,7 @@ from kafka2delta.pipeline import Pipeline
 from kafka2delta.records import PartitionMessages
 from kafka2delta.routing import Routes, TableSpec
 from kafka2delta.schema import parse_schema
-from kafka2delta.verify_changes import ChangesReport, check_changes, dead_letter_offsets
+from kafka2delta.verify_changes import ChangesReport, check_upsert_table
 from kafka2delta.writer import log_versions
 
 logger = logging.getLogger(__name__)
@@ -566,26 +565,8 @@ def check(
     for topic in subscribed_topics(config.kafka.bootstrap_servers, config.kafka, settings):
         upsert = routes.table_for(topic)
         if upsert.changes is not None:
-            if pipeline_factory is None:
-                raise ConfigError(f"{upsert.route}.mode", "verify needs the daemon's stages to check an upsert table")
-            app_ids = routes.dead_letter_app_ids(topic)
-            reports.append(
-                check_changes(
-                    upsert,
-                    topic,
-                    config.kafka.bootstrap_servers,
-                    settings,
-                    config.table.storage_options,
-                    topic_partitions(config.kafka.bootstrap_servers, topic, settings),
-                    partial(
-                        dead_letter_offsets,
-                        upsert.dead_letter_uri,
-                        config.table.storage_options,
-                        dead_letter_filter(app_ids, topic),
-                    ),
-                    pipeline_factory,
-                )
-            )
+            letters = dead_letter_filter(routes.dead_letter_app_ids(topic), topic)
+            reports.append(check_upsert_table(config, upsert, topic, settings, letters, pipeline_factory))
             continue
         # With [routing] expression a topic's messages spread over its routes' tables: their rows are read as one.
         specs = {spec.uri: spec for spec in [routes.table_for(topic)]}

@@ -16,6 +16,7 @@ import json
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import pyarrow as pa
@@ -26,7 +27,9 @@ from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from kafka2delta.changes import DELETE_FLAG, DELETED_COLUMN, last_changes
-from kafka2delta.errors import RetryableError
+from kafka2delta.config import Config
+from kafka2delta.errors import ConfigError, RetryableError
+from kafka2delta.kafka import topic_partitions
 from kafka2delta.pipeline import Pipeline
 from kafka2delta.records import PartitionMessages
 from kafka2delta.routing import TableSpec
@@ -93,6 +96,31 @@ class ChangesReport:
             lines.append(f"  dead letters not recorded: {self.dead_letters_missing[:_SHOWN]}")
         lines.append("  OK: the table holds the last change of each key, and nothing else" if self.ok else "  FAILED")
         return "\n".join(lines)
+
+
+def check_upsert_table(
+    config: Config,
+    spec: TableSpec,
+    topic: str,
+    settings: Mapping[str, str],
+    dead_letters_of_topic: pc.Expression,
+    pipeline_factory: Callable[[pa.Schema, TableSpec], Pipeline] | None,
+) -> ChangesReport:
+    """:func:`check_changes` for the upsert table ``topic`` goes to (``dead_letters_of_topic`` selects the topic's
+    rows of its dead-letter table); ConfigError without the daemon's stages."""
+    if pipeline_factory is None:
+        raise ConfigError(f"{spec.route}.mode", "verify needs the daemon's stages to check an upsert table")
+    options = config.table.storage_options
+    return check_changes(
+        spec,
+        topic,
+        config.kafka.bootstrap_servers,
+        settings,
+        options,
+        topic_partitions(config.kafka.bootstrap_servers, topic, settings),
+        partial(dead_letter_offsets, spec.dead_letter_uri, options, dead_letters_of_topic),
+        pipeline_factory,
+    )
 
 
 def check_changes(

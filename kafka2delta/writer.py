@@ -28,7 +28,7 @@ from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundErr
 from deltalake.transaction import AddAction, RemoveAction
 
 from kafka2delta.bisection import isolate_failures
-from kafka2delta.changes import DELETE_FLAG, ChangeOptions
+from kafka2delta.changes import ChangeOptions
 from kafka2delta.errors import (
     CommitConflict,
     ConfigError,
@@ -36,7 +36,6 @@ from kafka2delta.errors import (
     RetryableError,
     RowsRejected,
     SchemaChanged,
-    TableNotCreated,
 )
 from kafka2delta.merging import merge_changes
 from kafka2delta.offsets import CommitOutcome, classify_commit
@@ -58,7 +57,7 @@ _PATH_SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123
 
 
 # Arrow's data errors (not storage errors, which are OSError and retried).
-_DATA_ERRORS = (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, pa.ArrowCapacityError)
+DATA_ERRORS = (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, pa.ArrowCapacityError)
 
 
 def _table_schema(table: DeltaTable) -> pa.Schema:
@@ -340,8 +339,8 @@ class DeltaWriter:
         """
         try:
             parts = self._split_by_partition(rows)
-        except _DATA_ERRORS as exc:
-            raise RowsRejected(_rejected_rows(rows, self._compression, exc)) from exc
+        except DATA_ERRORS as exc:
+            raise RowsRejected(rejected_rows(rows, self._compression, exc)) from exc
         actions = []
         for values, part in parts:
             directory = "/".join(
@@ -364,8 +363,8 @@ class DeltaWriter:
                     write_statistics=True,
                 )
                 size = self._filesystem.get_file_info(path).size
-            except _DATA_ERRORS as exc:
-                raise RowsRejected(_rejected_rows(rows, self._compression, exc)) from exc
+            except DATA_ERRORS as exc:
+                raise RowsRejected(rejected_rows(rows, self._compression, exc)) from exc
             except OSError as exc:
                 raise RetryableError(f"writing {path}: {exc}") from exc
             # The on-disk relative path: delta-rs percent-encodes it for the log itself.
@@ -376,8 +375,8 @@ class DeltaWriter:
         """Raise :class:`RowsRejected` when Parquet refuses some rows (for commits delta-rs writes itself)."""
         try:
             pq.write_table(rows, pa.BufferOutputStream(), compression=self._compression)
-        except _DATA_ERRORS as exc:
-            raise RowsRejected(_rejected_rows(rows, self._compression, exc)) from exc
+        except DATA_ERRORS as exc:
+            raise RowsRejected(rejected_rows(rows, self._compression, exc)) from exc
 
     def _split_by_partition(self, rows: pa.Table) -> list[tuple[dict[str, str | None], pa.Table]]:
         if not self.partition_by:
@@ -565,180 +564,13 @@ class DeltaWriter:
             raise RetryableError(f"reading history of {self._uri}: {exc}") from exc
 
 
-class DeferredTable:
-    """A table that does not exist yet and has no configured schema (a route without ``schema``): it is created
-    by its first commit with rows, from their schema (what the pipeline took from the first batch). Until then
-    it holds no txn, so its partitions start at ``kafka.auto_offset_reset``; another writer creating it first
-    is seen at the next refresh (a schema change, as for any table)."""
-
-    def __init__(
-        self,
-        uri: str,
-        storage_options: Mapping[str, str],
-        txn_id: TxnId,
-        compression: str,
-        checkpoint_interval: int,
-        partition_by: Iterable[str],
-        legacy_txn_id: LegacyTxnId | None = None,
-    ) -> None:
-        self._uri = uri
-        self._options = dict(storage_options)
-        self._txn_id = txn_id
-        self._legacy_txn_id = legacy_txn_id
-        self._compression = compression
-        self._checkpoint_interval = checkpoint_interval
-        self._partition_by = list(partition_by)
-        self._writer: DeltaWriter | None = None
-        self.schema: pa.Schema = pa.schema([])
-
-    @property
-    def uri(self) -> str:
-        return self._uri
-
-    @property
-    def version(self) -> int:
-        """The table's version; -1 while it does not exist."""
-        return self._writer.version if self._exists() and self._writer is not None else -1
-
-    def refresh_schema(self) -> pa.Schema:
-        if self._exists():
-            assert self._writer is not None
-            self.schema = self._writer.refresh_schema()
-        return self.schema
-
-    def committed_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int | None]:
-        if self._exists():
-            assert self._writer is not None
-            return self._writer.committed_offsets(partitions)
-        return dict.fromkeys(partitions)
-
-    def write_files(self, tp: TopicPartition, offsets: OffsetRange, rows: pa.Table) -> list[AddAction]:
-        return self._created(rows.schema).write_files(tp, offsets, rows)
-
-    def check_rows(self, rows: pa.Table) -> None:
-        try:
-            pq.write_table(rows, pa.BufferOutputStream(), compression=self._compression)
-        except _DATA_ERRORS as exc:
-            raise RowsRejected(_rejected_rows(rows, self._compression, exc)) from exc
-
-    def commit(
-        self,
-        actions: Sequence[AddAction],
-        expected: Mapping[TopicPartition, int | None],
-        versions: Mapping[TopicPartition, int],
-        metadata: dict[str, Any],
-    ) -> int:
-        if not self._exists():
-            raise TableNotCreated(self._uri)
-        assert self._writer is not None
-        version = self._writer.commit(actions, expected, versions, metadata)
-        self.schema = self._writer.schema
-        return version
-
-    def commit_evolution(
-        self,
-        rows: pa.Table,
-        expected: Mapping[TopicPartition, int | None],
-        versions: Mapping[TopicPartition, int],
-        metadata: dict[str, Any],
-    ) -> int:
-        if not rows.num_rows and not self._exists():
-            raise TableNotCreated(self._uri)
-        version = self._created(rows.schema).commit_evolution(rows, expected, versions, metadata)
-        self.schema = self._created(rows.schema).schema
-        return version
-
-    def merge(
-        self,
-        changes: pa.Table,
-        options: ChangeOptions,
-        expected: Mapping[TopicPartition, int | None],
-        versions: Mapping[TopicPartition, int],
-        metadata: dict[str, Any],
-        *,
-        evolve: bool,
-    ) -> int:
-        """The first MERGE creates the table from the changes' columns, the key columns ``not null``."""
-        exists = self._exists()
-        if not changes.num_rows and not exists:
-            raise TableNotCreated(self._uri)
-        columns = [f.with_nullable(f.name not in options.key) for f in changes.schema if f.name != DELETE_FLAG]
-        writer = self._created(pa.schema(columns))
-        # A table just created from the changes' columns has them all: the MERGE adds none.
-        version = writer.merge(changes, options, expected, versions, metadata, evolve=evolve and exists)
-        self.schema = writer.schema
-        return version
-
-    @property
-    def last_merge(self) -> dict[str, Any]:
-        return self._writer.last_merge if self._writer is not None else {}
-
-    def _exists(self) -> bool:
-        if self._writer is None:
-            try:
-                self._writer = DeltaWriter(
-                    DeltaTable(self._uri, storage_options=self._options),
-                    self._uri,
-                    self._options,
-                    self._txn_id,
-                    self._compression,
-                    self._checkpoint_interval,
-                    self._legacy_txn_id,
-                )
-            except TableNotFoundError:
-                return False
-            except (DeltaError, OSError) as exc:
-                raise RetryableError(f"opening table {self._uri}: {exc}") from exc
-        return True
-
-    def _created(self, schema: pa.Schema) -> DeltaWriter:
-        if not self._exists():
-            self._writer = DeltaWriter.open(
-                self._uri,
-                self._options,
-                self._txn_id,
-                self._compression,
-                self._checkpoint_interval,
-                schema,
-                [c for c in self._partition_by if c in schema.names],
-                self._legacy_txn_id,
-            )
-        assert self._writer is not None
-        return self._writer
-
-
-def open_delta_table(
-    uri: str,
-    storage_options: Mapping[str, str],
-    txn_id: TxnId,
-    compression: str,
-    checkpoint_interval: int,
-    create_schema: pa.Schema | None,
-    partition_by: Iterable[str] = (),
-    legacy_txn_id: LegacyTxnId | None = None,
-    *,
-    defer: bool = False,
-) -> DeltaWriter | DeferredTable:
-    """The table at ``uri``: opened, created from ``create_schema``, or, when it does not exist and there is
-    no schema, a :class:`DeferredTable` (``defer``) or a ConfigError naming ``table.schema``."""
-    if create_schema is None and defer:
-        deferred = DeferredTable(
-            uri, storage_options, txn_id, compression, checkpoint_interval, partition_by, legacy_txn_id
-        )
-        if deferred.version < 0:
-            return deferred
-    return DeltaWriter.open(
-        uri, storage_options, txn_id, compression, checkpoint_interval, create_schema, partition_by, legacy_txn_id
-    )
-
-
-def _rejected_rows(rows: pa.Table, compression: str, cause: Exception) -> list[tuple[int, Exception]]:
+def rejected_rows(rows: pa.Table, compression: str, cause: Exception) -> list[tuple[int, Exception]]:
     """Find the rows Parquet refuses by writing halves to memory (a few rows cost k·log2(n) tries)."""
 
     def attempt(chunk: list[int]) -> None:
         pq.write_table(rows.take(pa.array(chunk, pa.int64())), pa.BufferOutputStream(), compression=compression)
 
-    _, failures = isolate_failures(list(range(rows.num_rows)), attempt, _DATA_ERRORS)
+    _, failures = isolate_failures(list(range(rows.num_rows)), attempt, DATA_ERRORS)
     if not failures:
         # The whole batch failed but no row does on its own: not a row problem, so not a dead letter.
         raise FatalError(f"Parquet refused a batch but none of its rows alone: {cause}") from cause
