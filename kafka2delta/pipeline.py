@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from typing import Any, Literal
 
 import pyarrow as pa
@@ -128,8 +127,6 @@ class Pipeline:
         result = outcome.result(messages, self._schema)
         if self._schema is not before:
             result = self._keep_used_columns(result, before)
-        if self.changes is not None:
-            result = _without_null_keys(result, messages, self.changes.key, self._table)
         return result
 
     def _keep_used_columns(self, result: ProcessedPartition, before: pa.Schema) -> ProcessedPartition:
@@ -148,7 +145,7 @@ class Pipeline:
     # --- one pass ---------------------------------------------------------------------------
 
     def _run(self, messages: PartitionMessages, may_reread: bool) -> _Outcome:
-        outcome = _Outcome(messages, self._table)
+        outcome = _Outcome(messages, self._table, self.changes.key if self.changes is not None else None)
         if self.changes is None:
             taken = [i for i, payload in enumerate(messages.payloads) if payload]
         else:
@@ -344,9 +341,11 @@ def _used_fields(before: pa.Schema, after: pa.Schema, rows: pa.Table) -> pa.Sche
 class _Outcome:
     """The results of one pass over a batch, by input position."""
 
-    def __init__(self, messages: PartitionMessages, table: str | None) -> None:
+    def __init__(self, messages: PartitionMessages, table: str | None, key: Sequence[str] | None = None) -> None:
+        """``key``: the key columns of an upsert table (its rows must have them)."""
         self._messages = messages
         self._table = table
+        self._key = key
         self._tables: list[pa.Table] = []
         self._positions: list[int] = []
         self._deletes: set[int] = set()
@@ -377,11 +376,33 @@ class _Outcome:
         )
 
     def add_rows(self, table: pa.Table, positions: list[int], *, delete: bool = False) -> None:
+        if self._key is not None and not delete:
+            table, positions = self._keyed(table, positions, self._key)
         if positions:
             self._tables.append(table)
             self._positions.extend(positions)
             if delete:
                 self._deletes.update(positions)
+
+    def _keyed(self, table: pa.Table, positions: list[int], key: Sequence[str]) -> tuple[pa.Table, list[int]]:
+        """Upsert rows whose key a transform made null (or whose key column the table lacks) are dead letters:
+        a row without its key could never be updated or deleted again. (A delete of such a key stays: it
+        matches no row.)"""
+        missing = [column for column in key if column not in table.column_names]
+        if missing:
+            null = pa.array([True] * table.num_rows)
+        else:
+            null = pc.is_null(table.column(key[0]))
+            for column in key[1:]:
+                null = pc.or_(null, pc.is_null(table.column(column)))
+        if not pc.any(null).as_py():
+            return table, positions
+        reason = f"the table has no key column {missing}" if missing else f"a key column of {list(key)} is null"
+        failed = null.to_pylist()
+        for position, is_null in zip(positions, failed, strict=True):
+            if is_null:
+                self.dead(position, MessageError("coerce", reason))
+        return table.filter(pc.invert(null)), [p for p, is_null in zip(positions, failed, strict=True) if not is_null]
 
     def note_evolution(self, added: list[str], rejected: list[str]) -> None:
         self.added.extend(added)
@@ -423,61 +444,6 @@ class _Outcome:
             added_columns=self.added,
             row_deletes=pa.array([p in self._deletes for p in positions], pa.bool_()) if self._deletes else None,
         )
-
-
-def _without_null_keys(
-    result: ProcessedPartition, messages: PartitionMessages, key: Sequence[str], table: str | None
-) -> ProcessedPartition:
-    """Upsert rows whose key a transform made null (or whose key column the table lacks) are dead letters:
-    a row without its key could never be updated or deleted again."""
-    rows = result.rows
-    if not rows.num_rows:
-        return result
-    missing = [column for column in key if column not in rows.column_names]
-    if missing:
-        null = pa.array([True] * rows.num_rows)
-    else:
-        null = pc.is_null(rows.column(key[0]))
-        for column in key[1:]:
-            null = pc.or_(null, pc.is_null(rows.column(column)))
-    deletes = result.row_deletes
-    # A delete of a key the table cannot hold deletes nothing: it stays (the MERGE matches no row with it).
-    bad = null if deletes is None else pc.and_(null, pc.invert(deletes))
-    if not pc.any(bad).as_py():
-        return result
-    index_of = {offset: index for index, offset in enumerate(messages.offsets)}
-    keep = pc.invert(bad)
-    letters = list(result.dead_letters)
-    for offset, failed in zip(result.row_offsets, bad.to_pylist(), strict=True):
-        if failed:
-            position = index_of[offset]
-            payload = messages.payloads[position] or b""
-            reason = f"the table has no key column {missing}" if missing else f"a key column of {list(key)} is null"
-            letters.append(
-                DeadLetter(
-                    topic=messages.topic,
-                    partition=messages.partition,
-                    offset=offset,
-                    stage="coerce",
-                    reason=reason,
-                    payload=payload,
-                    key=messages.key(position),
-                    timestamp_ms=messages.timestamps_ms[position],
-                    payload_json=payload_json(payload),
-                    table=table,
-                )
-            )
-    letters.sort(key=lambda letter: letter.offset)
-    kept = [o for o, failed in zip(result.row_offsets, bad.to_pylist(), strict=True) if not failed]
-    stamps = result.row_timestamps_ms
-    return replace(
-        result,
-        rows=rows.filter(keep),
-        row_offsets=kept,
-        row_timestamps_ms=stamps.filter(keep) if stamps is not None else None,
-        row_deletes=result.row_deletes.filter(keep) if result.row_deletes is not None else None,
-        dead_letters=letters,
-    )
 
 
 def _row_timestamps(messages: PartitionMessages, positions: list[int]) -> pa.Array:

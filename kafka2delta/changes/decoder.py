@@ -102,7 +102,7 @@ class ChangeDeserializer:
         row = change.row if change.fields is not None else self._fitted(change.row)
         if change.delete:
             row = {column: row[column] for column in self._options.key}
-        extra = self._options.extra_columns()
+        extra = self._extra
         if "_op" in extra:
             row["_op"] = change.op
         if "_source_ts" in extra:
