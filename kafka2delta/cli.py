@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import logging
-import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -174,9 +173,7 @@ def build_router(config: Config) -> Pipeline:
 
 
 def _ingest(config: Config, until_caught_up: bool) -> int:
-    fault = os.environ.get("K2D_FAULT_INJECT")
-    if fault:
-        faults.arm(fault)
+    faults.arm_from_environment()
     logger.info("kafka2delta %s starting", __version__)
     for line in config.summary():
         logger.info("  %s", line)

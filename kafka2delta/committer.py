@@ -110,7 +110,9 @@ class Committer:
         schema = self._pipeline.schema
         evolving = not schema.equals(self.table_schema, check_metadata=False)
         # An evolution commit or a MERGE writes its files itself (delta-rs): here its rows are only checked.
-        self._write_files(pending, schema, evolving or self._pipeline.changes is not None)
+        changes = self._pipeline.changes
+        changes = changes if changes is not None and changes.upsert else None  # a changelog appends
+        self._write_files(pending, schema, evolving or changes is not None)
         faults.point("after_parquet_write")
         self._commit_dead_letters(pending, partitions)
         faults.point("after_dead_letter_commit")
@@ -129,7 +131,6 @@ class Committer:
         # A txn never moves back (a lane behind its table's version would otherwise undo later commits).
         versions = {p: max(r.last, _or_minus_one(expected[p])) for p, r in ranges.items()}
         started = self._clock()
-        changes = self._pipeline.changes
         if changes is not None:
             unavailable = UNAVAILABLE_VALUE if changes.envelope == "debezium" else None
             source = self._last_changes(taken, schema, changes.key, unavailable)

@@ -6,8 +6,9 @@ armed a :func:`point` call is one comparison. Points: ``after_parquet_write``,
 call that writes its files and commits them not made), ``after_delta_commit``, ``before_kafka_commit``,
 ``after_kafka_commit``,
 ``in_revoke`` (a rebalance took partitions from us, before their buffers are committed) and ``in_assign``
-(partitions given to us, before their start offsets are read from the table). The chaos suite
-(``tests/chaos``) kills the daemon at each of them.
+(partitions given to us, before their start offsets are read from the table); in ``jobs apply-changes``,
+``after_apply_merge`` (a micro-batch's MERGE committed, Spark's checkpoint not yet told). The chaos suite
+(``tests/chaos``) kills the daemon and the job at each of them.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ POINTS = frozenset(
         "after_kafka_commit",
         "in_revoke",
         "in_assign",
+        "after_apply_merge",
     }
 )
 _armed: str | None = None
@@ -43,6 +45,13 @@ def arm(spec: str) -> None:
         raise ValueError(f"unknown fault point {name!r} (known: {', '.join(sorted(POINTS))})")
     _armed, _remaining_hits = name, int(count or 1)
     logger.warning("fault injection armed: SIGKILL at hit %d of %s", _remaining_hits, name)
+
+
+def arm_from_environment() -> None:
+    """Arm what ``K2D_FAULT_INJECT`` names, if anything (the daemon and the Spark jobs, at start)."""
+    spec = os.environ.get("K2D_FAULT_INJECT")
+    if spec:
+        arm(spec)
 
 
 def point(name: str) -> None:

@@ -92,7 +92,8 @@ class Pipeline:
     ) -> None:
         """``table`` names the table the rows go to in the dead letters (their ``table`` column). ``changes``
         makes the rows changes of an upsert table: every message counts (a tombstone deletes its key), deletes
-        skip the transforms and keep only their key and change columns, and each row says whether it deletes."""
+        skip the transforms and keep only their key and change columns, and each row says whether it deletes;
+        or of a changelog table: every change is a row (with its key), deletes too."""
         self._table = table
         self.changes = changes
         self._deserializer = deserializer
@@ -146,10 +147,10 @@ class Pipeline:
 
     def _run(self, messages: PartitionMessages, may_reread: bool) -> _Outcome:
         outcome = _Outcome(messages, self._table, self.changes.key if self.changes is not None else None)
-        if self.changes is None:
-            taken = [i for i, payload in enumerate(messages.payloads) if payload]
-        else:
+        if self.changes is not None and self.changes.takes_tombstones:
             taken = list(range(len(messages)))  # a tombstone is the delete of its key
+        else:
+            taken = [i for i, payload in enumerate(messages.payloads) if payload]
         outcome.skipped_empty = len(messages) - len(taken)
         decoded = self._deserializer.decode(messages, taken)
         for position, error in decoded.failures:

@@ -18,7 +18,7 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from kafka2delta.changes import ChangeOptions
+from kafka2delta.changes import CHANGELOG_METADATA, ChangeOptions
 from kafka2delta.config import METADATA_COLUMNS, TOPIC_PLACEHOLDER, Config, RouteConfig
 from kafka2delta.errors import ConfigError
 from kafka2delta.offsets import TxnIds
@@ -42,7 +42,7 @@ class TableSpec:
     dead_letter_uri: str
     """The dead-letter table of the topics this table takes (a route's own, or the daemon's)."""
     changes: ChangeOptions | None = None
-    """Upsert tables (``mode = "upsert"``): the key, envelope, delete mode and change columns; None: append."""
+    """Upsert and changelog tables: the mode, key, envelope, delete mode and change columns; None: append."""
 
 
 @dataclass(frozen=True)
@@ -138,6 +138,8 @@ class Routes:
         metadata = config.metadata_columns or table.metadata_columns
         columns = dict(config.schema or table.schema)
         changes = self._changes(config)
+        if changes is not None and not changes.upsert:  # a changelog row says where its change came from
+            metadata = tuple(dict.fromkeys((*metadata, *CHANGELOG_METADATA)))
         if columns:
             for name in metadata:
                 columns.setdefault(f"kafka_{name}", METADATA_COLUMNS[name])
@@ -162,15 +164,22 @@ class Routes:
 
     def _changes(self, config: RouteConfig) -> ChangeOptions | None:
         table = self._config.table
-        if (config.mode or table.mode) != "upsert":
+        mode = config.mode or table.mode
+        if mode == "append":
             return None
         if not (config.key or table.key):
-            raise ConfigError("table.key", 'required with mode = "upsert" for the topics no route takes')
+            raise ConfigError("table.key", f'required with mode = "{mode}" for the topics no route takes')
+        envelope = self._config.format.envelope
+        change_columns = config.change_columns or table.change_columns
+        if mode == "changelog":
+            change_columns = ("op", "source_ts", "lsn") if envelope == "debezium" else ("op",)
         return ChangeOptions(
             key=config.key or table.key,
-            envelope=self._config.format.envelope,
+            mode="changelog" if mode == "changelog" else "upsert",
+            envelope=envelope,
             delete_mode="soft" if (config.delete_mode or table.delete_mode) == "soft" else "hard",
-            change_columns=config.change_columns or table.change_columns,
+            change_columns=change_columns,
+            before_image=table.before_image and mode == "changelog",
         )
 
     def _dead_letter_uri(self, route: _Route) -> str:

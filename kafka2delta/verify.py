@@ -564,7 +564,7 @@ def check(
     reports: list[Report | ChangesReport] = []
     for topic in subscribed_topics(config.kafka.bootstrap_servers, config.kafka, settings):
         upsert = routes.table_for(topic)
-        if upsert.changes is not None:
+        if upsert.changes is not None and upsert.changes.upsert:  # a changelog is checked as any append
             letters = dead_letter_filter(routes.dead_letter_app_ids(topic), topic)
             reports.append(check_upsert_table(config, upsert, topic, settings, letters, pipeline_factory))
             continue

@@ -40,6 +40,7 @@ from kafka2delta.errors import (
 from kafka2delta.merging import merge_changes
 from kafka2delta.offsets import CommitOutcome, classify_commit
 from kafka2delta.records import OffsetRange, TopicPartition
+from kafka2delta.spark.tables import SPARK_ONLY_PROPERTY
 
 TxnId = Callable[[TopicPartition], str]
 """The txn app id a table gives a topic partition (see :class:`kafka2delta.offsets.TxnIds`)."""
@@ -235,6 +236,12 @@ class DeltaWriter:
             logger.info("created table %s (partitioned by %s)", uri, list(partition_by) or "nothing")
         except (DeltaError, OSError) as exc:
             raise RetryableError(f"opening table {uri}: {exc}") from exc
+        if str(table.metadata().configuration.get(SPARK_ONLY_PROPERTY, "")).lower() == "true":
+            raise ConfigError(
+                "table.uri",
+                f"{uri} is written only by Spark ({SPARK_ONLY_PROPERTY} = true: the target of 'jobs apply-changes', "
+                "with deletion vectors); the daemon writes the changelog table that job reads, not its target",
+            )
         return cls(table, uri, options, txn_id, compression, checkpoint_interval, legacy_txn_id)
 
     @property

@@ -1,21 +1,23 @@
-"""The deserialize stage of an upsert table: the format's deserializer for the bytes, then the envelope
-(:mod:`kafka2delta.changes.envelope`) for what each message does to its key.
+"""The deserialize stage of an upsert or changelog table: the format's deserializer for the bytes, then the
+envelope (:mod:`kafka2delta.changes.envelope`) for what each message does to its key.
 
 It satisfies the :class:`~kafka2delta.serialization.Deserializer` protocol, so the pipeline runs the same
 stages after it. What differs from an append table's deserializer:
 
 * a tombstone (a null or empty value) is a message like any other: the delete of its Kafka key;
-* deletes come back apart (``Decoded.deletes``: the key columns and the change columns), because they carry
-  no row to transform or fit: they only name a key;
+* an upsert table's deletes come back apart (``Decoded.deletes``: the key columns and the change columns),
+  because they carry no row to transform or fit: they only name a key (a changelog's are rows like the others:
+  the key and change columns, the rest null);
 * upserts whose Connect schema is known come back as one Arrow table typed by it (``typed``: the table is
   created, and evolves, with the source's types), keys first; the rest as documents;
-* the change columns (``_op``, ``_source_ts``, ``_lsn``; ``_deleted`` for soft deletes) are added to every
-  row the table has them for.
+* the change columns (``_op``, ``_source_ts``, ``_lsn``; ``_deleted`` for soft deletes; ``_before`` for a
+  changelog's before images) are added to every row the table has them for.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -23,11 +25,13 @@ import pyarrow as pa
 from kafka2delta.changes.avro import connect_schema
 from kafka2delta.changes.connect import ConnectSchema, fit_to_column
 from kafka2delta.changes.envelope import Change, debezium_change, plain_change, source_timestamp
-from kafka2delta.changes.options import DELETED_COLUMN, ChangeOptions
+from kafka2delta.changes.options import BEFORE_COLUMN, DELETED_COLUMN, ChangeOptions
 from kafka2delta.errors import MessageError
 from kafka2delta.records import PartitionMessages
 from kafka2delta.serialization.avro import AvroDeserializer
 from kafka2delta.serialization.base import Decoded, Deserializer, KeyDecoder, decode_error
+
+Unwrap = Callable[[Any, Any, Sequence[str]], Change]
 
 
 class ChangeDeserializer:
@@ -37,7 +41,9 @@ class ChangeDeserializer:
         self._inner = inner
         self._keys = keys
         self._options = options
-        self._unwrap = debezium_change if options.envelope == "debezium" else plain_change
+        self._unwrap: Unwrap = plain_change
+        if options.envelope == "debezium":
+            self._unwrap = functools.partial(debezium_change, before_image=options.before_image)
         self._table_schema = pa.schema([])
         self._connect_schemas: dict[int, ConnectSchema] = {}
         self._extra: dict[str, pa.Field] = {
@@ -58,9 +64,9 @@ class ChangeDeserializer:
             except MessageError as error:
                 failures.append((position, error))
                 continue
-            if change.delete:
+            if change.delete and self._options.upsert:
                 deletes[position] = self._document(change)
-            else:
+            else:  # a changelog appends its deletes like any change
                 upserts[position] = change
         documents = {position: self._document(change) for position, change in upserts.items()}
         table, fast = self._typed_table(upserts, documents)
@@ -111,6 +117,8 @@ class ChangeDeserializer:
             row["_lsn"] = change.lsn
         if DELETED_COLUMN in extra:
             row[DELETED_COLUMN] = change.delete
+        if self._options.before_image:
+            row[BEFORE_COLUMN] = change.before
         return row
 
     def _fitted(self, row: dict[str, Any]) -> dict[str, Any]:
@@ -135,6 +143,9 @@ class ChangeDeserializer:
                 fields.setdefault(member.name, member.with_nullable(True))
         for name, member in self._extra.items():
             fields.setdefault(name, member)
+        if self._options.before_image:  # Debezium's before and after images share the row's schema
+            image = [member for name, member in fields.items() if name not in self._extra]
+            fields.setdefault(BEFORE_COLUMN, pa.field(BEFORE_COLUMN, pa.struct(image)))
         keys = [fields[column] for column in self._options.key if column in fields]
         schema = pa.schema(keys + [f for name, f in fields.items() if name not in self._options.key])
         try:

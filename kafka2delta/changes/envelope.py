@@ -44,6 +44,8 @@ class Change:
     """When the change was made in the source database (``source.ts_ms``)."""
     lsn: int | None = None
     """The source position (``source.lsn``, PostgreSQL's log sequence number)."""
+    before: dict[str, Any] | None = None
+    """Debezium's before image (converted like the row), when the event has one."""
 
 
 def unwrap_connect(document: Any) -> tuple[Any, ConnectSchema | None]:
@@ -71,8 +73,9 @@ def key_row(key: Any, key_columns: Sequence[str]) -> tuple[dict[str, Any], tuple
     )
 
 
-def debezium_change(value: Any, key: Any, key_columns: Sequence[str]) -> Change:
-    """The change a Debezium event (or a tombstone: ``value`` None) makes."""
+def debezium_change(value: Any, key: Any, key_columns: Sequence[str], *, before_image: bool = False) -> Change:
+    """The change a Debezium event (or a tombstone: ``value`` None) makes; with ``before_image``, carrying the
+    event's before image too."""
     if value is None:
         return _delete_of_key(key, key_columns, "d")
     payload, schema = unwrap_connect(value)
@@ -85,19 +88,25 @@ def debezium_change(value: Any, key: Any, key_columns: Sequence[str]) -> Change:
     members = struct_fields(schema) if schema is not None else {}
     source = payload.get("source")
     source_ts, lsn = _source_position(source if isinstance(source, Mapping) else {})
+    before = payload.get("before")
+    wanted = op == "d" or before_image  # an upsert's before image is read only when it is kept
+    before_row, before_fields = (
+        _converted(before, members.get("before"), "before") if wanted and isinstance(before, Mapping) else (None, None)
+    )
+    kept_before = before_row if before_image else None
     if op in UPSERT_OPS:
         after = payload.get("after")
         if not isinstance(after, Mapping):
             raise connect_error(f"Debezium event op={op!r} has no 'after' image")
         row, fields = _converted(after, members.get("after"), "after")
-        return Change(delete=False, op=op, row=row, fields=fields, source_ts_ms=source_ts, lsn=lsn)
+        return Change(delete=False, op=op, row=row, fields=fields, source_ts_ms=source_ts, lsn=lsn, before=kept_before)
     if op == "d":
-        before = payload.get("before")
-        if isinstance(before, Mapping) and all(before.get(column) is not None for column in key_columns):
-            row, fields = _converted(before, members.get("before"), "before")
-            return Change(delete=True, op=op, row=row, fields=fields, source_ts_ms=source_ts, lsn=lsn)
-        change = _delete_of_key(key, key_columns, op)
-        return Change(delete=True, op=op, row=change.row, fields=change.fields, source_ts_ms=source_ts, lsn=lsn)
+        if before_row is not None and all(before_row.get(column) is not None for column in key_columns):
+            row, fields = dict(before_row), before_fields
+        else:
+            deleted = _delete_of_key(key, key_columns, op)
+            row, fields = deleted.row, deleted.fields
+        return Change(delete=True, op=op, row=row, fields=fields, source_ts_ms=source_ts, lsn=lsn, before=kept_before)
     if op == "t":
         raise connect_error("op 't' (a TRUNCATE) cannot be applied per key: the table keeps its rows")
     raise connect_error(f"Debezium op {op!r} is not a row change (expected c, r, u or d)")

@@ -21,21 +21,45 @@ UNAVAILABLE_VALUE = "__debezium_unavailable_value"
 (PostgreSQL without ``REPLICA IDENTITY FULL``): the row keeps the value it has."""
 DELETE_FLAG = "__k2d_delete"
 """The MERGE source's column that tells a delete from an upsert (never a table column)."""
+BEFORE_COLUMN = "_before"
+"""``table.before_image`` of a changelog table: the change's before image (Debezium's ``before``), a struct."""
+CHANGELOG_METADATA = ("partition", "offset")
+"""The Kafka coordinates every changelog row carries (``kafka_partition``, ``kafka_offset``: metadata columns)."""
+CHANGELOG_ORDER = ("_lsn", "kafka_partition", "kafka_offset")
+"""How ``jobs apply-changes`` orders the changes of one key: by source position (``_lsn``, when the changelog
+has it; a null counts as -1), then by Kafka partition and offset."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class ChangeOptions:
-    """``table.mode = "upsert"`` for one table."""
+    """``table.mode = "upsert"`` or ``"changelog"`` for one table."""
 
     key: tuple[str, ...]
+    mode: Literal["upsert", "changelog"] = "upsert"
+    """``upsert``: each flush is one MERGE of the last change per key. ``changelog``: every change is appended
+    as a row (deletes too, with their key only), for ``jobs apply-changes`` to apply."""
     envelope: Literal["none", "debezium"] = "none"
     delete_mode: Literal["hard", "soft"] = "hard"
+    """``changelog``: not a column of the changelog; how ``jobs apply-changes`` deletes by default."""
     change_columns: tuple[str, ...] = ()
+    before_image: bool = False
+    """``changelog`` with the Debezium envelope: the ``before`` image as the struct column ``_before``."""
+
+    @property
+    def upsert(self) -> bool:
+        """True when the table is merged into (current state); False for an append-only changelog."""
+        return self.mode == "upsert"
+
+    @property
+    def takes_tombstones(self) -> bool:
+        """Whether a tombstone is a change: the delete of its key, except in a Debezium changelog, where it only
+        follows the delete event (for log compaction) and is a counted skip like any empty message."""
+        return self.upsert or self.envelope != "debezium"
 
     def extra_columns(self) -> dict[str, pa.DataType]:
         """The columns the change adds to its row (change columns, and ``_deleted`` when soft)."""
         columns = {CHANGE_COLUMNS[name][0]: CHANGE_COLUMNS[name][1] for name in self.change_columns}
-        if self.delete_mode == "soft":
+        if self.delete_mode == "soft" and self.upsert:
             columns[DELETED_COLUMN] = pa.bool_()
         return columns
 

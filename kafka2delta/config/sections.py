@@ -100,18 +100,25 @@ class TableConfig:
     metadata_columns: tuple[str, ...] = ()
     """Kafka metadata recorded in every row, as columns ``kafka_<name>``: any of ``topic``, ``partition``,
     ``offset``, ``timestamp``, ``timestamp_type``, ``key``. ``kafka2delta verify`` needs partition and offset."""
-    mode: Literal["append", "upsert"] = "append"
+    mode: Literal["append", "upsert", "changelog"] = "append"
     """``append``: every message is a new row. ``upsert``: the table holds the current state of each ``key``;
     a message is its key's new row, a tombstone (or a Debezium delete, ``format.envelope``) deletes it; each
-    flush is one MERGE (README "Upsert tables")."""
+    flush is one MERGE (README "Upsert tables"). ``changelog``: every change is a new row, flattened (key
+    columns, the after image, ``_op``, ``_source_ts``, ``_lsn``, ``kafka_partition``, ``kafka_offset``), for
+    ``kafka2delta jobs apply-changes`` to apply to a current-state table on Spark."""
     key: tuple[str, ...] = ()
-    """``upsert``: the primary-key columns (from the message value; for a delete, from the Kafka key)."""
+    """``upsert``/``changelog``: the primary-key columns (from the message value; for a delete, from the Kafka
+    key)."""
     delete_mode: Literal["hard", "soft"] = "hard"
-    """``upsert``: ``hard`` removes a deleted key's row; ``soft`` keeps it with ``_deleted = true``."""
+    """``upsert``: ``hard`` removes a deleted key's row; ``soft`` keeps it with ``_deleted = true``.
+    ``changelog``: how ``jobs apply-changes`` deletes, by default."""
     change_columns: tuple[str, ...] = ()
     """``upsert``: columns recording each row's last change: ``op`` (``_op``: c, r, u, d), ``source_ts``
     (``_source_ts``: when the source database made it) and ``lsn`` (``_lsn``: its source position); the last two
-    need ``format.envelope = "debezium"``."""
+    need ``format.envelope = "debezium"``. A changelog has them all (the last two with the Debezium envelope)."""
+    before_image: bool = False
+    """``changelog`` with ``format.envelope = "debezium"``: keep each change's before image too, as the struct
+    column ``_before`` (every changelog table of the daemon)."""
 
 
 @dataclass(frozen=True)
@@ -139,7 +146,7 @@ class RouteConfig:
     """As ``table.schema_evolution`` (empty: ``[table]``'s)."""
     metadata_columns: tuple[str, ...] = ()
     """As ``table.metadata_columns`` (empty: ``[table]``'s)."""
-    mode: Literal["", "append", "upsert"] = ""
+    mode: Literal["", "append", "upsert", "changelog"] = ""
     """As ``table.mode`` (empty: ``[table]``'s); ``key``, ``delete_mode`` and ``change_columns`` likewise."""
     key: tuple[str, ...] = ()
     delete_mode: Literal["", "hard", "soft"] = ""

@@ -130,29 +130,38 @@ _ENVELOPE_COLUMNS = ("source_ts", "lsn")
 
 
 def _validate_changes(config: Config) -> None:
-    """Upsert tables: a key the messages (and, for deletes, the Kafka keys) can give, a format and envelope
-    that carry changes, and messages routed by topic (a tombstone has no value for an expression to read)."""
+    """Upsert and changelog tables: a key the messages (and, for deletes, the Kafka keys) can give, a format and
+    envelope that carry changes, and messages routed by topic (a tombstone has no value for an expression to
+    read)."""
     table = config.table
     tables = [("table", RouteConfig(), table.schema)] if table.uri else []
     tables += [(f"routes[{i}]", route, route.schema or table.schema) for i, route in enumerate(config.routes)]
-    upserts = 0
+    changing = 0
+    changelogs = 0
     for prefix, route, columns in tables:
         mode = route.mode or table.mode
         key = route.key or table.key
         change_columns = route.change_columns or table.change_columns
-        if mode != "upsert":
-            own = table if prefix == "table" else route
+        own = table if prefix == "table" else route
+        if mode == "append":
             if own.key:
-                raise ConfigError(f"{prefix}.key", 'is only used with mode = "upsert"')
+                raise ConfigError(f"{prefix}.key", 'is only used with mode = "upsert" or "changelog"')
             if own.change_columns:
                 raise ConfigError(f"{prefix}.change_columns", 'is only used with mode = "upsert"')
             continue
-        upserts += 1
+        changing += 1
         key_at = f"{prefix}.key" if route.key else "table.key"
+        if mode == "changelog":
+            changelogs += 1
+            if own.change_columns:
+                raise ConfigError(
+                    f"{prefix}.change_columns",
+                    'a changelog always has _op (and _source_ts and _lsn with format.envelope = "debezium")',
+                )
         if not key and prefix == "table" and config.routes:
             continue  # [table] takes only the topics no route takes: checked when such a topic appears
         if not key:
-            raise ConfigError(key_at, 'required with mode = "upsert": the primary-key columns, e.g. key = ["id"]')
+            raise ConfigError(key_at, f'required with mode = "{mode}": the primary-key columns, e.g. key = ["id"]')
         if len(set(key)) != len(key):
             raise ConfigError(key_at, f"lists a column twice: {list(key)}")
         if columns and any(column not in columns for column in key):
@@ -164,21 +173,29 @@ def _validate_changes(config: Config) -> None:
                 raise ConfigError(at, f"unknown {name!r} (known: {', '.join(CHANGE_COLUMN_NAMES)})")
             if name in _ENVELOPE_COLUMNS and config.format.envelope != "debezium":
                 raise ConfigError(at, f"{name!r} needs format.envelope = 'debezium' (the event's source gives it)")
-    if not upserts:
+    if table.before_image and (not changelogs or config.format.envelope != "debezium"):
+        raise ConfigError("table.before_image", 'is only used by changelog tables with format.envelope = "debezium"')
+    if not changing:
         if config.format.envelope != "none":
-            raise ConfigError("format.envelope", "is only used with table.mode = 'upsert' (or a route's mode)")
+            raise ConfigError(
+                "format.envelope", "is only used with table.mode = 'upsert' or 'changelog' (or a route's mode)"
+            )
         return
     if config.format.key == "none":
         raise ConfigError(
             "format.key",
-            'upsert tables read the key of a delete (a tombstone) from the Kafka key: set "json", "avro" or "string"',
+            "upsert and changelog tables read the key of a delete (a tombstone) from the Kafka key: "
+            'set "json", "avro" or "string"',
         )
     if config.format.type == "raw":
-        raise ConfigError("format.type", "upsert tables need a format with fields (json, avro or protobuf), not raw")
+        raise ConfigError(
+            "format.type", "upsert and changelog tables need a format with fields (json, avro or protobuf), not raw"
+        )
     if config.routing.expression.strip():
         raise ConfigError(
             "routing.expression",
-            "cannot route the changes of upsert tables (a tombstone has no value to read): route them by topic",
+            "cannot route the changes of upsert or changelog tables (a tombstone has no value to read): "
+            "route them by topic",
         )
 
 

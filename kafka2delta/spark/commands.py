@@ -4,16 +4,19 @@ imported only when one of its commands runs (the daemon's container does not shi
 ::
 
     kafka2delta maintain optimize -c config.toml [--table URI|GLOB]... [--zorder-by c1,c2] [--where PRED]
-                                  [--target-file-size BYTES]
+                                  [--target-file-size BYTES] [--purge-deletion-vectors]
     kafka2delta maintain vacuum   -c config.toml [--table URI|GLOB]... [--retain-hours N] [--dead-letters] [--dry-run]
     kafka2delta jobs mutate       -c config.toml [--available-now | --max-turns N]
     kafka2delta jobs ttl          -c config.toml [--available-now | --max-turns N]
+    kafka2delta jobs apply-changes -c config.toml --source URI --target URI [--key c1,c2] [--delete-mode hard|soft]
+                                  [--max-files-per-trigger N] [--available-now | --max-turns N]
 
 Each takes ``--master URL``, ``--conf k=v`` (repeatable) and ``--json``, prints one line per table (what it did:
 files before/after, rows changed, duration) and exits 0 (done, or skipped because the coordinator gave no turn),
 1 (failed) or 2 (bad configuration). ``maintain`` works on every table the config writes (``table.uri`` and the
 routes' URIs, a ``{topic}`` matching every table beside it) or on the ``--table`` URIs and globs given; one
-table's failure is reported and the others are still done (exit 1 at the end).
+table's failure is reported and the others are still done (exit 1 at the end). ``jobs apply-changes`` takes its
+turns on the ``--target`` table (the coordinator's resource), the others on ``table.uri``.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import signal
 import sys
 import threading
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kafka2delta.config import Config
 from kafka2delta.errors import ConfigError
@@ -74,6 +77,12 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     optimize.add_argument("--target-file-size", type=int, metavar="BYTES", help="size of the files written")
     optimize.add_argument("--dead-letters", action="store_true", help="also the dead-letter table")
     optimize.add_argument("--table", action="append", default=[], metavar="URI", help=_TABLE_HELP)
+    optimize.add_argument(
+        "--purge-deletion-vectors",
+        action="store_true",
+        help="Spark-only tables (apply-changes targets): REORG … APPLY (PURGE), rewriting the files with deletion "
+        "vectors, instead of compaction",
+    )
     vacuum = maintain_commands.add_parser(
         "vacuum", help="delete files no recent version references, and a crashed daemon's uncommitted files"
     )
@@ -83,11 +92,12 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     vacuum.add_argument("--dry-run", action="store_true", help="only count what would be deleted")
     vacuum.add_argument("--table", action="append", default=[], metavar="URI", help=_TABLE_HELP)
 
-    jobs = commands.add_parser("jobs", help="streaming jobs that change the table: mutate, ttl")
+    jobs = commands.add_parser("jobs", help="streaming jobs that change the table: mutate, ttl, apply-changes")
     jobs_commands = jobs.add_subparsers(dest="action", required=True)
     for name, text in (
         ("mutate", "apply mutation requests (update/delete by match) from jobs.mutation_topic"),
         ("ttl", "apply GDPR deletes from jobs.ttl_topic and the retention delete (jobs.retention_*)"),
+        ("apply-changes", "keep a current-state table (one row per key) from a changelog table, with Spark"),
     ):
         job = jobs_commands.add_parser(name, help=text)
         _common(job)
@@ -96,6 +106,25 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
             "--available-now", action="store_true", help="one turn: everything available now, then exit (cron)"
         )
         mode.add_argument("--max-turns", type=int, metavar="N", help="stop after N turns")
+        if name == "apply-changes":
+            _apply_changes_arguments(job)
+
+
+def _apply_changes_arguments(job: argparse.ArgumentParser) -> None:
+    job.add_argument("--source", metavar="URI", help="the changelog table (table.mode = 'changelog') to read")
+    job.add_argument("--target", metavar="URI", help="the current-state table to keep (created at the first batch)")
+    job.add_argument(
+        "--key", type=_columns, metavar="C1,C2", help="the key columns (default: the key of the route writing --source)"
+    )
+    job.add_argument(
+        "--delete-mode",
+        choices=("hard", "soft"),
+        help="hard: a delete removes the row; soft: it sets _deleted (default: the source route's delete_mode, else "
+        "hard)",
+    )
+    job.add_argument(
+        "--max-files-per-trigger", type=int, default=1000, metavar="N", help="most changelog files per micro-batch"
+    )
 
 
 def _session(args: argparse.Namespace, config: Config, what: str) -> SparkSession:
@@ -126,7 +155,23 @@ def run(args: argparse.Namespace, config: Config) -> int:
             raise ConfigError("table.uri", "no table to maintain: none of the config's tables or --table globs exists")
         session = _session(args, config, args.action)
         return _maintain(args, config, session, tables, job_name)
-    coordinator = open_coordinator(config.coordinator, config.table.uri)
+    from kafka2delta import faults
+
+    faults.arm_from_environment()
+    resource = config.table.uri
+    if args.action == "apply-changes":
+        from kafka2delta.spark.apply_changes import resolve_options
+
+        args.apply_options = resolve_options(
+            config,
+            source=args.source,
+            target=args.target,
+            key=args.key,
+            delete_mode=args.delete_mode,
+            max_files_per_trigger=args.max_files_per_trigger,
+        )
+        resource = args.apply_options.target.uri
+    coordinator = open_coordinator(config.coordinator, resource)
     try:
         session = _session(args, config, args.action)
         return _job(args, config, session, coordinator, job_name)
@@ -195,6 +240,7 @@ def _maintain_one(
             zorder_by=() if dead_letters else args.zorder_by,
             where=args.where,
             target_file_size=args.target_file_size,
+            purge_deletion_vectors=args.purge_deletion_vectors,
         )
     return maintenance.vacuum(
         session, uri, config.table.storage_options, retain_hours=args.retain_hours, dry_run=args.dry_run
@@ -204,7 +250,8 @@ def _maintain_one(
 def _job(
     args: argparse.Namespace, config: Config, session: SparkSession, coordinator: Coordinator, job_name: str
 ) -> int:
-    from kafka2delta.spark.jobs import StreamingJob
+    from kafka2delta.spark.apply_changes import ApplyChangesJob
+    from kafka2delta.spark.jobs import StreamingJob, TurnJob
 
     stop = threading.Event()
 
@@ -215,7 +262,11 @@ def _job(
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, request_stop)
         signal.signal(signal.SIGINT, request_stop)
-    job = StreamingJob(session, config, args.action, coordinator, job_name=job_name)
+    job: TurnJob[Any]
+    if args.action == "apply-changes":
+        job = ApplyChangesJob(session, config, args.apply_options, coordinator, job_name=job_name)
+    else:
+        job = StreamingJob(session, config, args.action, coordinator, job_name=job_name)
     report = job.run(available_now=args.available_now, max_turns=args.max_turns, stop=stop)
     _print(report, args.json)
     sys.stdout.flush()

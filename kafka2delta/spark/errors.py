@@ -2,11 +2,14 @@
 
     Kafka2DeltaError
      ├── RetryableError
-     │    └── ConflictingCommit    Delta refused the job's commit (a concurrent writer); the next turn retries
+     │    ├── ConflictingCommit    Delta refused the job's commit (a concurrent writer); the next turn retries
+     │    └── SourceSchemaChanged  a Delta source's schema changed under a streaming query; the next turn
+     │                             restarts the query, which reads the new schema
      └── FatalError
           ├── SparkJobError        Spark or Delta failed otherwise (the message names the step)
           ├── CheckpointMismatch   the table holds a later txn version of the job than its checkpoint's batch
-          └── TableNotWritable     the table needs features delta-rs cannot write; the jobs refuse to touch it
+          └── TableNotWritable     the table needs features delta-rs cannot write (or is Spark-only, or is
+                                   another writer's); the jobs refuse to touch it
 
 Spark's exceptions (``PySparkException``, ``Py4JJavaError``) are caught where a job calls Spark and re-raised
 as one of these with ``raise ... from exc`` (:func:`translate`).
@@ -27,12 +30,26 @@ CONFLICT_MARKERS = (
     "DELTA_CONCURRENT_",
 )
 
+# The Delta streaming source's "Detected schema change ... Please try restarting the query" error classes.
+SCHEMA_CHANGED_MARKER = "DELTA_SCHEMA_CHANGED"
+
 
 class ConflictingCommit(RetryableError):
     """A Delta commit of the job lost to a concurrent writer (nothing of it landed)."""
 
     def __init__(self, step: str, detail: str) -> None:
         super().__init__(f"{step}: conflicting commit: {detail}")
+        self.step = step
+        self.detail = detail
+
+
+class SourceSchemaChanged(RetryableError):
+    """The Delta table a streaming query reads changed its schema after the query started (Delta fails the query
+    with ``DELTA_SCHEMA_CHANGED*`` and asks for a restart) when it plans a micro-batch, before the batch runs;
+    a new query reads the new schema."""
+
+    def __init__(self, step: str, detail: str) -> None:
+        super().__init__(f"{step}: the source's schema changed during the query: {detail}")
         self.step = step
         self.detail = detail
 
@@ -47,7 +64,8 @@ class CheckpointMismatch(FatalError):
 
 
 class TableNotWritable(FatalError):
-    """The table requires writer features that the ingest daemon (delta-rs) cannot write."""
+    """The table requires writer features that the ingest daemon (delta-rs) cannot write, or it is not the job's
+    to write: a Spark-only table for a daemon-safe job, another writer's table for ``apply-changes``."""
 
 
 def _summary(text: str, limit: int = 600) -> str:
@@ -62,8 +80,10 @@ def is_conflict(exc: BaseException) -> bool:
     return any(marker in text for marker in CONFLICT_MARKERS)
 
 
-def translate(exc: BaseException, step: str) -> ConflictingCommit | SparkJobError:
+def translate(exc: BaseException, step: str) -> ConflictingCommit | SourceSchemaChanged | SparkJobError:
     """Our error for a Spark/py4j exception raised during ``step``."""
+    if SCHEMA_CHANGED_MARKER in str(exc):
+        return SourceSchemaChanged(step, _summary(str(exc), 300))
     if is_conflict(exc):
         marker = next(m for m in CONFLICT_MARKERS if m in str(exc))
         return ConflictingCommit(step, f"{marker.rstrip('_')}: {_summary(str(exc), 300)}")

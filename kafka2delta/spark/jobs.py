@@ -1,5 +1,5 @@
-"""``jobs mutate`` and ``jobs ttl``: Spark Structured Streaming jobs that read request topics from Kafka and
-change the table, one coordinator turn at a time.
+"""The streaming jobs, run one coordinator turn at a time: ``jobs mutate`` and ``jobs ttl`` (request topics from
+Kafka change the table), and the turn loop they share with ``jobs apply-changes`` (:mod:`.apply_changes`).
 
 A turn: take the coordinator's turn (lock + predecessor; none: skip, try at the next trigger), run the query
 with ``Trigger.AvailableNow`` (every request available now, in micro-batches of at most
@@ -24,12 +24,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from kafka2delta.config import Config
 from kafka2delta.coordinator import Coordinator, CoordinatorError
 from kafka2delta.errors import ConfigError, Kafka2DeltaError
-from kafka2delta.spark.errors import ConflictingCommit, SparkJobError, translate
+from kafka2delta.spark.errors import ConflictingCommit, SourceSchemaChanged, SparkJobError, translate
 from kafka2delta.spark.mutations import (
     GROUP_STRIDE,
     BatchResult,
@@ -40,7 +40,7 @@ from kafka2delta.spark.mutations import (
 )
 from kafka2delta.spark.report import Report
 from kafka2delta.spark.session import spark_path
-from kafka2delta.spark.tables import add_actions, check_writable, table_stats
+from kafka2delta.spark.tables import TableStats, add_actions, check_writable, table_stats
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -51,25 +51,264 @@ Handler = Callable[["SparkSession", list[tuple[int, int, bytes | None]], int], B
 
 
 @dataclass
-class JobStats:
+class TurnStats:
     """Counters over a job's turns."""
 
     turns: int = 0
     skipped_turns: int = 0
     conflicts: int = 0
+    """Turns failed by a retryable error (a conflicting commit, the source's schema changing under the query)."""
     batches: int = 0
-    result: BatchResult = field(default_factory=BatchResult)
-    retention_deleted: int = 0
     skip_reasons: dict[str, int] = field(default_factory=dict)
 
 
-def checkpoint_location(config: Config, job: str) -> str:
-    base = config.jobs.checkpoint_dir or f"{config.table.uri.rstrip('/')}_checkpoints"
+@dataclass
+class JobStats(TurnStats):
+    """Counters over the turns of ``mutate`` / ``ttl``."""
+
+    result: BatchResult = field(default_factory=BatchResult)
+    retention_deleted: int = 0
+
+
+StatsT = TypeVar("StatsT", bound=TurnStats)
+
+
+def checkpoint_location(config: Config, job: str, table_uri: str = "") -> str:
+    """``<jobs.checkpoint_dir>/<job>``; default ``<table>_checkpoints/<job>``, the table being ``table_uri`` (a
+    job's own target) or ``table.uri``."""
+    base = config.jobs.checkpoint_dir or f"{(table_uri or config.table.uri).rstrip('/')}_checkpoints"
     return f"{spark_path(base).rstrip('/')}/{job}"
 
 
-class StreamingJob:
-    """One of the two streaming jobs, run turn by turn."""
+class TurnJob(Generic[StatsT]):
+    """A streaming job run turn by turn under the coordinator: the loop ``mutate``, ``ttl`` and ``apply-changes``
+    share. A subclass says what a turn does (:meth:`work`, its query with ``Trigger.AvailableNow``), what it
+    checks once before the first turn (:meth:`prepare`) and before and after each turn's work
+    (:meth:`check_target`), whether its source has anything new (:meth:`source_pending`), and what it reports."""
+
+    retryable: tuple[type[Exception], ...] = (ConflictingCommit, SourceSchemaChanged, CoordinatorError)
+    """What fails a turn and not the job: a commit lost to another writer, the source's schema changing while
+    the query read it, a ZooKeeper blip. The next turn runs the query again from the checkpoint."""
+
+    def __init__(
+        self,
+        session: SparkSession,
+        config: Config,
+        coordinator: Coordinator,
+        *,
+        name: str,
+        target: Target,
+        checkpoint: str,
+        stats: StatsT,
+        step: str,
+    ) -> None:
+        if name.isdigit():  # <app_id>-<digits> is the daemon's txnAppId of a partition
+            raise ConfigError("--job-name", f"must not be a number (got {name!r})")
+        # Its own SQL conf (the txn settings of idempotent DML), sharing the SparkContext: several jobs may run
+        # in one process (tests, notebooks) without seeing each other's settings.
+        self.session = session.newSession()
+        self.config = config
+        self.name = name
+        self.txn_app_id = f"{config.app_id}-{name}"
+        """Delta's txnAppId of the job's commits: one per checkpoint (``<jobs.checkpoint_dir>/<job name>``)."""
+        self.coordinator = coordinator
+        self.target = target
+        self.checkpoint = checkpoint
+        self.stats = stats
+        self._step = step
+        self._prepared = False
+        self._batch_error: Exception | None = None
+        """The error a micro-batch raised: Spark wraps it in a StreamingQueryException whose text is a Python
+        traceback, so the turn raises this one instead (its message names the batch)."""
+
+    # -- what a subclass says
+
+    def prepare(self) -> None:
+        """Checks made once, before the first turn (ConfigError naming the key if the job cannot run)."""
+
+    def check_target(self) -> None:
+        """Before and after each turn's work: the table is one the job may write."""
+        check_writable(self.target.uri, self.target.storage_options)
+
+    def work(self) -> None:
+        """The turn's work, under the coordinator's turn (raises Spark's exceptions; :meth:`run_turn` translates)."""
+        raise NotImplementedError
+
+    def source_pending(self, offsets: list[str]) -> bool:
+        """Whether the source holds anything past ``offsets`` (the checkpoint's last planned batch, one JSON line
+        per source); raise or return True when unsure."""
+        return True
+
+    def batch_of(self, txn_version: int) -> int:
+        """The micro-batch that committed ``txn_version``."""
+        return txn_version
+
+    def restart_advice(self) -> str:
+        """How to start over when a new checkpoint is refused (the end of :meth:`check_checkpoint`'s message)."""
+        return "run with a --job-name never used on this table"
+
+    def details(self) -> dict[str, Any]:
+        """The report's job-specific figures."""
+        return {}
+
+    def rows_changed(self) -> int:
+        return 0
+
+    def table_stats(self) -> TableStats | None:
+        return table_stats(self.target.uri, self.target.storage_options)
+
+    # -- the checkpoint
+
+    def _checkpoint_batches(self, directory: str = "offsets") -> list[int]:
+        """The batch ids planned (``offsets``) or done (``commits``) in the checkpoint (Hadoop's filesystem: any
+        scheme)."""
+        context = self.session.sparkContext
+        jvm, hadoop_conf = context._jvm, context._jsc.hadoopConfiguration()  # no public API for Hadoop paths
+        assert jvm is not None
+        path = jvm.org.apache.hadoop.fs.Path(f"{self.checkpoint}/{directory}")
+        fs = path.getFileSystem(hadoop_conf)
+        if not fs.exists(path):
+            return []
+        return [int(name) for name in (st.getPath().getName() for st in fs.listStatus(path)) if name.isdigit()]
+
+    def check_checkpoint(self) -> None:
+        """Refuse a new checkpoint (no batch yet) while the table holds a txn version of the job's txnAppId: its
+        batch ids would restart at 0, below that version, and every batch would be skipped as a replay."""
+        applied = self.target.applied_version(self.txn_app_id)
+        if applied < 0 or self._checkpoint_batches():
+            return
+        raise ConfigError(
+            "jobs.checkpoint_dir",
+            f"the checkpoint {self.checkpoint} is new (no batch yet), but {self.target.uri} already has txn version "
+            f"{applied} of {self.txn_app_id} (batch {self.batch_of(applied)} of an earlier checkpoint): a new "
+            "checkpoint restarts batch ids at 0 and its batches would be skipped as replays. The checkpoint is "
+            "<jobs.checkpoint_dir>/<--job-name>: point jobs.checkpoint_dir and --job-name back at the one that "
+            f"wrote that version; or, {self.restart_advice()}",
+        )
+
+    def pending_work(self) -> bool:
+        """False only when the checkpoint shows everything of the source processed (an idle turn then costs
+        no streaming query); True when unsure."""
+        location = self.checkpoint
+        if "://" in location and not location.startswith("file:"):
+            return True
+        root = Path(location.removeprefix("file:"))
+
+        def last(directory: Path) -> int:
+            return max((int(p.name) for p in directory.glob("[0-9]*") if p.name.isdigit()), default=-1)
+
+        planned, committed = last(root / "offsets"), last(root / "commits")
+        if planned < 0 or planned > committed:  # never ran, or a planned batch to (re)run
+            return True
+        try:
+            return self.source_pending((root / "offsets" / str(planned)).read_text().splitlines()[2:])
+        except (OSError, ValueError, IndexError, KeyError, TypeError, AttributeError, Kafka2DeltaError) as exc:
+            logger.debug("%s: cannot tell whether the source has more (%s); running the query", self.name, exc)
+            return True
+
+    # -- turns
+
+    def _prepare_once(self) -> None:
+        if not self._prepared:
+            self.prepare()
+            self._prepared = True
+
+    def run_turn(self) -> bool:
+        """One turn; False if the coordinator gave none. Raises ConflictingCommit / SparkJobError."""
+        from py4j.protocol import Py4JError
+        from pyspark.errors import PySparkException
+
+        self._prepare_once()
+        turn = self.coordinator.turn(self.name)
+        if turn is None:
+            self.stats.skipped_turns += 1
+            reason = self.coordinator.last_skip.split(" (")[0]
+            self.stats.skip_reasons[reason] = self.stats.skip_reasons.get(reason, 0) + 1
+            return False
+        with turn:
+            self.check_target()
+            try:
+                self._batch_error = None
+                self.work()
+            except (PySparkException, Py4JError) as exc:
+                error: Exception = self._batch_error or translate(exc, self._step)
+                self._batch_error = None
+                if isinstance(error, self.retryable):
+                    self.stats.conflicts += 1
+                raise error from exc
+            self.check_target()
+        self.stats.turns += 1
+        return True
+
+    def run(
+        self,
+        *,
+        available_now: bool = False,
+        max_turns: int | None = None,
+        max_attempts: int = 5,
+        stop: threading.Event | None = None,
+        interval_s: float | None = None,
+    ) -> Report:
+        """Turns until ``stop`` is set, ``max_turns`` turns ran, or (``available_now``) one turn completed.
+
+        A conflicting commit (or the coordinator's store failing, or the source's schema changing under the query)
+        fails the turn, not the job: the next turn retries (``available_now``: at most ``max_attempts`` turns,
+        then it is raised). Other errors are raised.
+        """
+        stop = stop or threading.Event()
+        self._prepare_once()
+        interval = self.config.jobs.trigger_interval_s if interval_s is None else interval_s
+        started = time.monotonic()
+        before = self.table_stats()
+        attempts = 0
+        status, reason = "ok", ""
+        while not stop.is_set():
+            attempts += 1
+            conflict = False
+            try:
+                ran = self.run_turn()
+            except self.retryable as exc:
+                logger.warning("%s: %s; retrying at the next turn", self.name, exc)
+                if available_now and attempts >= max_attempts:
+                    raise
+                ran, conflict = False, True
+            if available_now and ran:
+                break
+            if available_now and not conflict:
+                status, reason = "skipped", self.coordinator.last_skip
+                break
+            if max_turns is not None and attempts >= max_turns:
+                break
+            stop.wait(min(interval, 1.0) if available_now else interval)
+        after = self.table_stats()
+        details: dict[str, Any] = {
+            "turns": self.stats.turns,
+            "skipped_turns": self.stats.skipped_turns,
+            "conflicts": self.stats.conflicts,
+            "batches": self.stats.batches,
+            **self.details(),
+        }
+        if self.stats.skip_reasons:
+            details["skip_reasons"] = dict(self.stats.skip_reasons)
+        return Report(
+            self.name,
+            self.target.uri,
+            status=status,
+            reason=reason,
+            files_before=before.files if before else None,
+            files_after=after.files if after else None,
+            bytes_before=before.bytes if before else None,
+            bytes_after=after.bytes if after else None,
+            rows_before=before.rows if before else None,
+            rows_after=after.rows if after else None,
+            rows_changed=self.rows_changed(),
+            duration_s=time.monotonic() - started,
+            details=details,
+        )
+
+
+class StreamingJob(TurnJob[JobStats]):
+    """``jobs mutate`` or ``jobs ttl``: requests from a Kafka topic, run turn by turn."""
 
     def __init__(
         self,
@@ -83,21 +322,18 @@ class StreamingJob:
     ) -> None:
         if job not in ("mutate", "ttl"):
             raise ValueError(job)
-        # Its own SQL conf (the txn settings of idempotent DML), sharing the SparkContext: several jobs may run
-        # in one process (tests, notebooks) without seeing each other's settings.
-        self.session = session.newSession()
-        self.config = config
+        name = job_name or job
+        super().__init__(
+            session,
+            config,
+            coordinator,
+            name=name,
+            target=Target(config.table.uri, config.table.storage_options),
+            checkpoint=checkpoint_location(config, name),
+            stats=JobStats(),
+            step=f"jobs {job}",
+        )
         self.job = job
-        self.name = job_name or job
-        if self.name.isdigit():  # <app_id>-<digits> is the daemon's txnAppId of a partition
-            raise ConfigError("--job-name", f"must not be a number (got {self.name!r})")
-        self.txn_app_id = f"{config.app_id}-{self.name}"
-        """Delta's txnAppId of the job's commits: one per checkpoint (``<jobs.checkpoint_dir>/<job name>``)."""
-        self.coordinator = coordinator
-        self._table_checked = False
-        self._batch_error: Exception | None = None
-        self.target = Target(config.table.uri, config.table.storage_options)
-        self.stats = JobStats()
         self._clock = clock
         jobs = config.jobs
         self.topic = jobs.mutation_topic if job == "mutate" else jobs.ttl_topic
@@ -131,9 +367,7 @@ class StreamingJob:
             try:
                 result = handler(batch.sparkSession, messages, batch_id)
             except Kafka2DeltaError as exc:
-                # Spark wraps it in a StreamingQueryException whose text is a Python traceback: run_turn raises
-                # this one instead (its message names the batch, group, txn version and requests).
-                self._batch_error = exc
+                self._batch_error = exc  # its message names the batch, group, txn version and requests
                 raise
             self.stats.batches += 1
             self.stats.result.add(result)
@@ -155,11 +389,14 @@ class StreamingJob:
             reader.load()
             .selectExpr("partition", "offset", "value")
             .writeStream.foreachBatch(self._for_each_batch(self._handler()))
-            .option("checkpointLocation", checkpoint_location(self.config, self.name))
+            .option("checkpointLocation", self.checkpoint)
             .trigger(availableNow=True)
             .start()
         )
         query.awaitTermination()
+
+    def prepare(self) -> None:
+        self.check_table()
 
     def check_table(self) -> None:
         """The [jobs] columns exist in the table with usable types (ConfigError naming the key if not)."""
@@ -188,61 +425,23 @@ class StreamingJob:
                 expected = " or ".join(types) if types else "a scalar type"
                 raise ConfigError(key, f"column {column!r} of {self.target.uri} is {simple}, expected {expected}")
 
-    def _checkpoint_batches(self) -> list[int]:
-        """The batch ids planned in the checkpoint's ``offsets`` directory (Hadoop's filesystem: any scheme)."""
-        location = checkpoint_location(self.config, self.name)
-        context = self.session.sparkContext
-        jvm, hadoop_conf = context._jvm, context._jsc.hadoopConfiguration()  # no public API for Hadoop paths
-        assert jvm is not None
-        offsets = jvm.org.apache.hadoop.fs.Path(f"{location}/offsets")
-        fs = offsets.getFileSystem(hadoop_conf)
-        if not fs.exists(offsets):
-            return []
-        return [int(name) for name in (st.getPath().getName() for st in fs.listStatus(offsets)) if name.isdigit()]
+    def batch_of(self, txn_version: int) -> int:
+        return txn_version // GROUP_STRIDE if self.job == "mutate" else txn_version
 
-    def check_checkpoint(self) -> None:
-        """Refuse a new checkpoint (no batch yet) while the table holds a txn version of the job's txnAppId: its
-        batch ids would restart at 0, below that version, and every batch would be skipped as a replay."""
-        applied = self.target.applied_version(self.txn_app_id)
-        if applied < 0 or self._checkpoint_batches():
-            return
-        location = checkpoint_location(self.config, self.name)
-        raise ConfigError(
-            "jobs.checkpoint_dir",
-            f"the checkpoint {location} is new (no batch yet), but {self.target.uri} already has txn version "
-            f"{applied} of {self.txn_app_id} (batch {applied // GROUP_STRIDE if self.job == 'mutate' else applied} "
-            "of an earlier checkpoint): a new checkpoint restarts batch ids at 0 and its batches would be skipped as "
-            "replays. The checkpoint is <jobs.checkpoint_dir>/<--job-name>: point jobs.checkpoint_dir and "
-            "--job-name back at the one that wrote that version; or, to read the request topic again from "
-            f"jobs.starting_offsets ({self.config.jobs.starting_offsets}) under a new txnAppId, run with a "
-            "--job-name never used on this table",
+    def restart_advice(self) -> str:
+        return (
+            f"to read the request topic again from jobs.starting_offsets ({self.config.jobs.starting_offsets}) "
+            "under a new txnAppId, run with a --job-name never used on this table"
         )
 
-    def pending_work(self) -> bool:
-        """False only when the checkpoint shows every request of the topic processed (an idle turn then costs
-        no streaming query); True when unsure."""
+    def source_pending(self, offsets: list[str]) -> bool:
+        """Whether the request topic holds requests past the checkpoint's last planned offsets."""
         from kafka2delta.kafka import high_watermarks, topic_partitions
 
-        location = checkpoint_location(self.config, self.name)
-        if "://" in location and not location.startswith("file:"):
-            return True
-        root = Path(location.removeprefix("file:"))
-
-        def last(directory: Path) -> int:
-            return max((int(p.name) for p in directory.glob("[0-9]*") if p.name.isdigit()), default=-1)
-
-        planned, committed = last(root / "offsets"), last(root / "commits")
-        if planned < 0 or planned > committed:  # never ran, or a planned batch to (re)run
-            return True
-        try:
-            lines = (root / "offsets" / str(planned)).read_text().splitlines()
-            done = {int(p): int(o) for p, o in json.loads(lines[2]).get(self.topic, {}).items()}
-            kafka = self.config.kafka
-            partitions = topic_partitions(kafka.bootstrap_servers, self.topic, kafka.settings)
-            highs = high_watermarks(kafka.bootstrap_servers, self.topic, partitions, kafka.settings)
-        except (OSError, ValueError, IndexError, AttributeError, Kafka2DeltaError) as exc:
-            logger.debug("%s: cannot tell whether requests are pending (%s); running the query", self.name, exc)
-            return True
+        done = {int(p): int(o) for p, o in json.loads(offsets[0]).get(self.topic, {}).items()}
+        kafka = self.config.kafka
+        partitions = topic_partitions(kafka.bootstrap_servers, self.topic, kafka.settings)
+        highs = high_watermarks(kafka.bootstrap_servers, self.topic, partitions, kafka.settings)
         return any(high > done.get(partition, 0) for partition, high in highs.items())
 
     def _retention(self) -> None:
@@ -278,89 +477,16 @@ class StreamingJob:
                 return True
         return False
 
-    # -- turns
+    def work(self) -> None:
+        if self.topic and self.pending_work():
+            self.check_checkpoint()
+            self._run_query()
+        if self.job == "ttl" and self.config.jobs.retention_column:
+            self._retention()
 
-    def run_turn(self) -> bool:
-        """One turn; False if the coordinator gave none. Raises ConflictingCommit / SparkJobError."""
-        from py4j.protocol import Py4JError
-        from pyspark.errors import PySparkException
-
-        if not self._table_checked:
-            self.check_table()
-            self._table_checked = True
-        turn = self.coordinator.turn(self.name)
-        if turn is None:
-            self.stats.skipped_turns += 1
-            reason = self.coordinator.last_skip.split(" (")[0]
-            self.stats.skip_reasons[reason] = self.stats.skip_reasons.get(reason, 0) + 1
-            return False
-        with turn:
-            check_writable(self.target.uri, self.target.storage_options)
-            try:
-                if self.topic and self.pending_work():
-                    self.check_checkpoint()
-                    self._batch_error = None
-                    self._run_query()
-                if self.job == "ttl" and self.config.jobs.retention_column:
-                    self._retention()
-            except (PySparkException, Py4JError) as exc:
-                error: Exception = self._batch_error or translate(exc, f"jobs {self.job}")
-                self._batch_error = None
-                if isinstance(error, ConflictingCommit):
-                    self.stats.conflicts += 1
-                raise error from exc
-            check_writable(self.target.uri, self.target.storage_options)
-        self.stats.turns += 1
-        return True
-
-    def run(
-        self,
-        *,
-        available_now: bool = False,
-        max_turns: int | None = None,
-        max_attempts: int = 5,
-        stop: threading.Event | None = None,
-        interval_s: float | None = None,
-    ) -> Report:
-        """Turns until ``stop`` is set, ``max_turns`` turns ran, or (``available_now``) one turn completed.
-
-        A conflicting commit (or the coordinator's store failing) fails the turn, not the job: the next turn
-        retries (``available_now``: at most ``max_attempts`` turns, then it is raised). Other errors are raised.
-        """
-        stop = stop or threading.Event()
-        if not self._table_checked:
-            self.check_table()
-            self._table_checked = True
-        interval = self.config.jobs.trigger_interval_s if interval_s is None else interval_s
-        started = time.monotonic()
-        before = table_stats(self.target.uri, self.target.storage_options)
-        attempts = 0
-        status, reason = "ok", ""
-        while not stop.is_set():
-            attempts += 1
-            conflict = False
-            try:
-                ran = self.run_turn()
-            except (ConflictingCommit, CoordinatorError) as exc:  # a commit lost, or a ZooKeeper blip
-                logger.warning("%s: %s; retrying at the next turn", self.name, exc)
-                if available_now and attempts >= max_attempts:
-                    raise
-                ran, conflict = False, True
-            if available_now and ran:
-                break
-            if available_now and not conflict:
-                status, reason = "skipped", self.coordinator.last_skip
-                break
-            if max_turns is not None and attempts >= max_turns:
-                break
-            stop.wait(min(interval, 1.0) if available_now else interval)
-        after = table_stats(self.target.uri, self.target.storage_options)
+    def details(self) -> dict[str, Any]:
         result = self.stats.result
         details: dict[str, Any] = {
-            "turns": self.stats.turns,
-            "skipped_turns": self.stats.skipped_turns,
-            "conflicts": self.stats.conflicts,
-            "batches": self.stats.batches,
             "requests": result.requests,
             "invalid": result.invalid,
             "commits": result.commits,
@@ -370,23 +496,11 @@ class StreamingJob:
         }
         if self.job == "ttl":
             details["retention_deleted"] = self.stats.retention_deleted
-        if self.stats.skip_reasons:
-            details["skip_reasons"] = dict(self.stats.skip_reasons)
-        return Report(
-            self.name,
-            self.target.uri,
-            status=status,
-            reason=reason,
-            files_before=before.files,
-            files_after=after.files,
-            bytes_before=before.bytes,
-            bytes_after=after.bytes,
-            rows_before=before.rows,
-            rows_after=after.rows,
-            rows_changed=result.rows_updated + result.rows_deleted + self.stats.retention_deleted,
-            duration_s=time.monotonic() - started,
-            details=details,
-        )
+        return details
+
+    def rows_changed(self) -> int:
+        result = self.stats.result
+        return result.rows_updated + result.rows_deleted + self.stats.retention_deleted
 
 
-__all__ = ["JobStats", "SparkJobError", "StreamingJob", "checkpoint_location"]
+__all__ = ["JobStats", "SparkJobError", "StreamingJob", "TurnJob", "TurnStats", "checkpoint_location"]

@@ -3,6 +3,13 @@ version references any more, including the Parquet files a crashed daemon wrote 
 
 Neither changes data, so neither conflicts with the daemon's appends: Delta runs OPTIMIZE at snapshot isolation
 (files appended meanwhile are simply not part of it) and delta-rs's appends read no files (tests/spark prove it).
+
+Both also work on the Spark-only tables (``jobs apply-changes`` targets), which have deletion vectors: OPTIMIZE
+compacts them as Delta does (a file whose vector deletes more than
+``spark.databricks.delta.optimize.maxDeletedRowsRatio`` of its rows, 5 %, is rewritten even when large), and
+``optimize --purge-deletion-vectors`` runs ``REORG TABLE … APPLY (PURGE)`` instead: every file with a deletion
+vector is rewritten without its deleted rows, so the current version holds no deletion vector (the old files
+stay until vacuum).
 """
 
 from __future__ import annotations
@@ -18,10 +25,12 @@ from kafka2delta.spark.report import Report
 from kafka2delta.spark.session import spark_path
 from kafka2delta.spark.tables import (
     DAEMON_FILE,
+    SPARK_ONLY_PROPERTY,
     check_writable,
     data_files,
     logged_adds,
     referenced_paths,
+    spark_only_table,
     table_stats,
 )
 
@@ -63,9 +72,11 @@ def optimize(
     zorder_by: Sequence[str] = (),
     where: str = "",
     target_file_size: int | None = None,
+    purge_deletion_vectors: bool = False,
 ) -> Report:
     """Compact small files into files of ``target_file_size`` bytes (Delta's default 1 GiB), or Z-order them by
-    ``zorder_by``; only the partitions matching ``where`` (a predicate on partition columns) if given."""
+    ``zorder_by``, or (``purge_deletion_vectors``, Spark-only tables) rewrite every file that has a deletion
+    vector; only the partitions matching ``where`` (a predicate on partition columns) if given."""
     from delta.tables import DeltaTable
     from py4j.protocol import Py4JError
     from pyspark.errors import PySparkException
@@ -73,7 +84,15 @@ def optimize(
     started = time.monotonic()
     if target_file_size is not None and target_file_size <= 0:
         raise ConfigError("--target-file-size", f"expected a positive number of bytes, got {target_file_size}")
-    check_writable(uri, storage_options)
+    if purge_deletion_vectors and zorder_by:
+        raise ConfigError("--purge-deletion-vectors", "rewrites the files with deletion vectors: not with --zorder-by")
+    check_writable(uri, storage_options, spark_only_ok=True)
+    if purge_deletion_vectors and not spark_only_table(uri, storage_options):
+        raise ConfigError(
+            "--purge-deletion-vectors",
+            f"only for Spark-only tables ({SPARK_ONLY_PROPERTY}=true, the 'jobs apply-changes' targets): {uri} is "
+            "one the daemon writes, which never has deletion vectors",
+        )
     before = table_stats(uri, storage_options)
     conf = {}
     if target_file_size is not None:
@@ -83,17 +102,23 @@ def optimize(
         }
     try:
         with _SessionConf(session, conf):
-            builder = DeltaTable.forPath(session, spark_path(uri)).optimize()
-            if where:
-                builder = builder.where(where)
-            result = builder.executeZOrderBy(*zorder_by) if zorder_by else builder.executeCompaction()
-            rows = result.collect()
+            if purge_deletion_vectors:
+                path = spark_path(uri).replace("`", "``")
+                condition = f" WHERE {where}" if where else ""
+                rows = session.sql(f"REORG TABLE delta.`{path}`{condition} APPLY (PURGE)").collect()
+            else:
+                builder = DeltaTable.forPath(session, spark_path(uri)).optimize()
+                if where:
+                    builder = builder.where(where)
+                result = builder.executeZOrderBy(*zorder_by) if zorder_by else builder.executeCompaction()
+                rows = result.collect()
     except (PySparkException, Py4JError) as exc:
-        raise translate(exc, "optimize") from exc
+        raise translate(exc, "reorg (purge)" if purge_deletion_vectors else "optimize") from exc
     metrics = rows[0]["metrics"].asDict(recursive=True) if rows and rows[0]["metrics"] is not None else {}
-    check_writable(uri, storage_options)
+    check_writable(uri, storage_options, spark_only_ok=True)
     after = table_stats(uri, storage_options)
-    read_version, commit_version = _optimize_commit(session, uri, before.version, after.version)
+    operation = "REORG" if purge_deletion_vectors else "OPTIMIZE"
+    read_version, commit_version = _optimize_commit(session, uri, before.version, after.version, operation)
     details: dict[str, object] = {
         "files_removed": metrics.get("numFilesRemoved", 0),
         "files_added": metrics.get("numFilesAdded", 0),
@@ -101,6 +126,13 @@ def optimize(
         "bytes_added": (metrics.get("filesAdded") or {}).get("totalSize", 0),
         "version": f"{before.version}->{after.version}",
     }
+    if purge_deletion_vectors:
+        vectors = metrics.get("deletionVectorStats") or {}
+        details["purge"] = "REORG APPLY (PURGE): files with deletion vectors rewritten without their deleted rows"
+        details["deletion_vectors_removed"] = vectors.get("numDeletionVectorsRemoved", 0)
+        details["deleted_rows_purged"] = vectors.get("numDeletionVectorRowsRemoved", 0)
+    if before.deletion_vectors or after.deletion_vectors:
+        details["files_with_deletion_vectors"] = f"{before.deletion_vectors}->{after.deletion_vectors}"
     if commit_version is not None:
         # Delta's own record: the snapshot OPTIMIZE read, and the version it committed as. Versions between
         # them are other writers' commits (the daemon's appends) that landed while it ran.
@@ -127,15 +159,17 @@ def optimize(
     )
 
 
-def _optimize_commit(session: SparkSession, uri: str, before: int, after: int) -> tuple[int | None, int | None]:
-    """(readVersion, version) of the OPTIMIZE commit between versions ``before`` and ``after`` (the newest if
-    several), from the commit info Delta wrote; (None, None) if OPTIMIZE committed nothing."""
+def _optimize_commit(
+    session: SparkSession, uri: str, before: int, after: int, operation: str = "OPTIMIZE"
+) -> tuple[int | None, int | None]:
+    """(readVersion, version) of the ``operation`` commit (OPTIMIZE, REORG) between versions ``before`` and
+    ``after`` (the newest if several), from the commit info Delta wrote; (None, None) if it committed nothing."""
     from delta.tables import DeltaTable
 
     if after <= before:
         return None, None
     history = DeltaTable.forPath(session, spark_path(uri)).history(after - before)
-    rows = history.where("operation = 'OPTIMIZE'").select("version", "readVersion").orderBy("version").collect()
+    rows = history.where(f"operation = '{operation}'").select("version", "readVersion").orderBy("version").collect()
     if not rows:
         return None, None
     read = rows[-1]["readVersion"]
@@ -163,7 +197,7 @@ def vacuum(
             f"expected at least {MIN_RETAIN_HOURS:g} hour: a daemon's new file stays uncommitted for a moment, "
             f"and a younger retention could delete it before its commit (got {retain_hours:g})",
         )
-    check_writable(uri, storage_options)
+    check_writable(uri, storage_options, spark_only_ok=True)
     stats = table_stats(uri, storage_options)
     on_storage = {f.path: f for f in data_files(uri, storage_options)}
     root = spark_path(uri).rstrip("/")

@@ -1,5 +1,6 @@
 """What the jobs read about a table through deltalake (no Spark): sizes for the reports, the protocol check that
-keeps the table writable by the daemon, file-level statistics, and the data files on storage for vacuum."""
+keeps the table writable by the daemon (and the Spark-only tables away from the daemon-safe jobs), file-level
+statistics, the txn app ids of its writers, and the data files on storage for vacuum."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ from typing import Any
 from urllib.parse import unquote
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pa_fs
+import pyarrow.parquet as pq
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
@@ -45,6 +48,10 @@ _ENABLING_PROPERTIES = {
     "delta.enableInCommitTimestamps-preview": "inCommitTimestamp",
 }
 
+SPARK_ONLY_PROPERTY = "kafka2delta.sparkOnly"
+"""A table property set (``true``) on the tables only Spark writes (``jobs apply-changes`` targets): they may use
+deletion vectors; the daemon and the daemon-safe jobs (``mutate``, ``ttl``) refuse them."""
+
 # <topic>-<partition>-<first offset>-<last offset>-<uuid>.<codec>.parquet (writer.write_files)
 DAEMON_FILE = re.compile(r"^.+-\d+-\d+-\d+-[0-9a-f]{6,}\.[a-z0-9]+\.parquet$")
 
@@ -57,7 +64,10 @@ class TableStats:
     files: int
     bytes: int
     rows: int | None
-    """Sum of the files' ``numRecords`` statistics; None if some file has none."""
+    """Sum of the files' ``numRecords`` statistics less the rows their deletion vectors delete; None if some file
+    has no statistics."""
+    deletion_vectors: int = 0
+    """Files of the current version with a deletion vector (Spark-only tables)."""
 
 
 def _open(uri: str, storage_options: Mapping[str, str]) -> DeltaTable:
@@ -82,18 +92,47 @@ def table_stats(uri: str, storage_options: Mapping[str, str] = {}) -> TableStats
     table = _open(uri, storage_options)
     try:
         actions = pa.table(table.get_add_actions(flatten=True))
+        # numRecords counts a file's rows before its deletion vector; deltalake reads the vectors, not the data.
+        has_dvs = "deletionVectors" in (table.protocol().reader_features or ())
+        vectors = pa.table(table.deletion_vectors()) if has_dvs else None
     except (DeltaError, OSError) as exc:
         raise RetryableError(f"reading the add actions of {uri}: {exc}") from exc
     records = actions.column("num_records").to_pylist() if "num_records" in actions.column_names else []
     rows = None if any(r is None for r in records) else sum(records)
+    deleted, files_with_dvs = 0, 0
+    if vectors is not None and vectors.num_rows:
+        files_with_dvs = vectors.num_rows
+        deleted = int(pc.sum(pc.invert(pc.list_flatten(vectors.column("selection_vector")))).as_py() or 0)
     size = sum(actions.column("size_bytes").to_pylist()) if actions.num_rows else 0
-    return TableStats(table.version(), actions.num_rows, size, rows)
+    return TableStats(table.version(), actions.num_rows, size, None if rows is None else rows - deleted, files_with_dvs)
 
 
-def check_writable(uri: str, storage_options: Mapping[str, str] = {}) -> None:
+def is_spark_only(configuration: Mapping[str, str | None]) -> bool:
+    """Whether a table's configuration marks it Spark-only (:data:`SPARK_ONLY_PROPERTY`)."""
+    return str(configuration.get(SPARK_ONLY_PROPERTY) or "false").lower() == "true"
+
+
+def spark_only_table(uri: str, storage_options: Mapping[str, str] = {}) -> bool:
+    """Whether the table at ``uri`` is Spark-only (ConfigError naming ``table.uri`` if there is no table)."""
+    return is_spark_only(_open(uri, storage_options).metadata().configuration)
+
+
+def check_writable(uri: str, storage_options: Mapping[str, str] = {}, *, spark_only_ok: bool = False) -> None:
     """Raise :class:`TableNotWritable` if the table needs (or is set to turn on) a writer feature deltalake
-    1.6.x cannot write: the jobs must never leave the table in a state the daemon cannot append to."""
+    1.6.x cannot write: the jobs must never leave the table in a state the daemon cannot append to.
+
+    A Spark-only table (``kafka2delta.sparkOnly = true``: a ``jobs apply-changes`` target, which uses deletion
+    vectors) is accepted when ``spark_only_ok`` (``apply-changes`` itself, ``maintain``) and refused otherwise:
+    ``mutate`` and ``ttl`` are daemon-safe jobs for the daemon's tables."""
     table = _open(uri, storage_options)
+    configuration = table.metadata().configuration
+    if is_spark_only(configuration):
+        if spark_only_ok:
+            return
+        raise TableNotWritable(
+            f"{uri} is a Spark-only table ({SPARK_ONLY_PROPERTY}=true): a 'jobs apply-changes' target, with "
+            "deletion vectors; the mutate and ttl jobs change the daemon's tables only"
+        )
     protocol = table.protocol()
     features = set(protocol.writer_features or ()) | set(protocol.reader_features or ())
     bad = sorted(features & UNWRITABLE_FEATURES)
@@ -102,7 +141,6 @@ def check_writable(uri: str, storage_options: Mapping[str, str] = {}) -> None:
             f"{uri} uses table features the ingest daemon (deltalake) cannot write: {', '.join(bad)}; "
             "kafka2delta's jobs leave such a table alone"
         )
-    configuration = table.metadata().configuration
     enabling = sorted(
         f"{key}={value} ({feature})"
         for key, feature in _ENABLING_PROPERTIES.items()
@@ -114,6 +152,67 @@ def check_writable(uri: str, storage_options: Mapping[str, str] = {}) -> None:
             f"{uri} has table properties that make Spark enable features the ingest daemon cannot write: "
             f"{', '.join(enabling)}; unset them first"
         )
+
+
+def _log_files(uri: str, storage_options: Mapping[str, str]) -> tuple[pa_fs.FileSystem, list[pa_fs.FileInfo]]:
+    """The table's filesystem and what its ``_delta_log`` directory holds (nothing when it has none)."""
+    fs, root = filesystem(uri, storage_options)
+    log = f"{root.rstrip('/')}/_delta_log"
+    try:
+        return fs, fs.get_file_info(pa_fs.FileSelector(log, allow_not_found=True))
+    except OSError as exc:
+        raise RetryableError(f"listing {log}: {exc}") from exc
+
+
+_COMMIT = re.compile(r"^(\d{20})\.json$")
+# Checkpoints: classic (NNN.checkpoint.parquet), multi-part (NNN.checkpoint.0000000001.0000000003.parquet),
+# V2 (NNN.checkpoint.<uuid>.json|parquet).
+_CHECKPOINT = re.compile(r"^(\d{20})\.checkpoint(?:\.(\d{10})\.(\d{10})|\.[0-9a-fA-F-]{36})?\.(parquet|json)$")
+
+
+def txn_versions(uri: str, storage_options: Mapping[str, str] = {}) -> dict[str, int]:
+    """Every txn app id of the table's current version, with its version: the txn actions of the newest complete
+    checkpoint, then of the commits after it (deltalake 1.6 answers only for an app id one names:
+    ``DeltaTable.transaction_version``). A V2 checkpoint keeps its txn actions in its top-level file."""
+    fs, infos = _log_files(uri, storage_options)
+    commits: dict[int, str] = {}
+    checkpoints: dict[int, list[tuple[str, int]]] = {}
+    for info in infos:
+        if info.type != pa_fs.FileType.File:
+            continue
+        if commit := _COMMIT.match(info.base_name):
+            commits[int(commit.group(1))] = info.path
+        elif checkpoint := _CHECKPOINT.match(info.base_name):
+            parts = int(checkpoint.group(3) or 1)
+            checkpoints.setdefault(int(checkpoint.group(1)), []).append((info.path, parts))
+    complete = [v for v, files in checkpoints.items() if any(n == 1 for _, n in files) or len(files) == files[0][1]]
+    since = max(complete, default=-1)
+    versions: dict[str, int] = {}
+    try:
+        for path, _ in checkpoints.get(since, []):
+            if path.endswith(".parquet"):
+                with fs.open_input_file(path) as stream:
+                    parquet = pq.ParquetFile(stream)
+                    if "txn" in parquet.schema_arrow.names:
+                        for txn in parquet.read(columns=["txn"]).column("txn").to_pylist():
+                            if txn:
+                                versions[txn["appId"]] = int(txn["version"])
+            else:
+                versions.update(_txn_lines(fs, path))
+        for version in sorted(v for v in commits if v > since):
+            versions.update(_txn_lines(fs, commits[version]))
+    except (OSError, ValueError, KeyError, pa.ArrowException) as exc:
+        raise RetryableError(f"reading the txn actions of {uri}: {exc}") from exc
+    return versions
+
+
+def _txn_lines(fs: pa_fs.FileSystem, path: str) -> dict[str, int]:
+    versions: dict[str, int] = {}
+    with fs.open_input_stream(path) as stream:
+        for line in stream.read().decode().splitlines():
+            if '"txn"' in line and "txn" in (action := json.loads(line)):
+                versions[action["txn"]["appId"]] = int(action["txn"]["version"])
+    return versions
 
 
 def files_matching(actions: pa.Table, column: str, value: Any) -> int:
@@ -180,12 +279,7 @@ def data_files(uri: str, storage_options: Mapping[str, str] = {}) -> list[DataFi
 def logged_adds(uri: str, storage_options: Mapping[str, str] = {}) -> set[str]:
     """Paths (storage form, :func:`storage_path`) of every file added by a commit whose JSON is still in
     ``_delta_log`` (to tell a crashed daemon's never-committed files from files committed and later removed)."""
-    fs, root = filesystem(uri, storage_options)
-    log = f"{root.rstrip('/')}/_delta_log"
-    try:
-        infos = fs.get_file_info(pa_fs.FileSelector(log, allow_not_found=True))
-    except OSError as exc:
-        raise RetryableError(f"listing {log}: {exc}") from exc
+    fs, infos = _log_files(uri, storage_options)
     paths: set[str] = set()
     for info in infos:
         if info.type != pa_fs.FileType.File or not info.path.endswith(".json") or "/_delta_log/." in info.path:
