@@ -253,9 +253,8 @@ def test_full_objects(render: Callable[..., list[dict[str, Any]]]) -> None:
     docs = render(VALUES_FILES["full"])
     assert {d["kind"] for d in docs} >= {"ServiceMonitor", "PrometheusRule", "Secret"}
     jobs = {d["metadata"]["name"]: d["spec"] for d in _by_kind(docs, "CronJob")}
-    assert set(jobs) == {f"k2d-kafka2delta-{j}" for j in ("optimize", "vacuum", "mutate", "ttl")}
     args = {
-        name.rsplit("-", 1)[1]: spec["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["args"]
+        name.removeprefix("k2d-kafka2delta-"): spec["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["args"]
         for name, spec in jobs.items()
     }
     assert args == {
@@ -263,6 +262,20 @@ def test_full_objects(render: Callable[..., list[dict[str, Any]]]) -> None:
         "vacuum": ["maintain", "vacuum", "--retain-hours", "336"],
         "mutate": ["jobs", "mutate", "--available-now"],
         "ttl": ["jobs", "ttl", "--available-now", "--job-name", "gdpr"],
+        "apply-customers": [
+            *("jobs", "apply-changes", "--available-now"),
+            *("--source", "s3://lake/bronze/cdc_customers", "--target", "s3://lake/silver/customers"),
+            *("--job-name", "apply-customers", "--key", "tenant,id", "--delete-mode", "soft"),
+            *("--max-files-per-trigger", "200", "--conf", "spark.sql.shuffle.partitions=64"),
+        ],
+        "purge-customers": [
+            *("maintain", "optimize", "--table", "s3://lake/silver/customers", "--purge-deletion-vectors"),
+        ],
+        "apply-products": [
+            *("jobs", "apply-changes", "--available-now"),
+            *("--source", "s3://lake/bronze/cdc_products", "--target", "s3://lake/silver/products"),
+            *("--job-name", "apply-products", "--conf", "spark.sql.shuffle.partitions=64"),
+        ],
     }
     for spec in jobs.values():
         assert spec["concurrencyPolicy"] == "Forbid" and spec["timeZone"] == "Europe/Paris"
@@ -290,6 +303,96 @@ def test_full_objects(render: Callable[..., list[dict[str, Any]]]) -> None:
     assert any("> 50000" in e for e in expressions) and any("histogram_quantile(0.99," in e for e in expressions)
     assert _one(docs, "ConfigMap", "k2d-kafka2delta-dashboard")["metadata"]["namespace"] == "monitoring"
     assert _one(docs, "PodDisruptionBudget")["spec"]["minAvailable"] == 3
+
+
+def _cronjobs(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {d["metadata"]["name"]: d for d in _by_kind(docs, "CronJob")}
+
+
+def test_apply_changes_cronjobs(render: Callable[..., list[dict[str, Any]]]) -> None:
+    """One CronJob per maintenance.jobs.applyChanges table, with its own --job-name (its own checkpoint and
+    coordinator turns), and a purge CronJob for a table with a purgeSchedule; built like the other jobs."""
+    docs = render(VALUES_FILES["full"])
+    jobs = _cronjobs(docs)
+    apply, purge = jobs["k2d-kafka2delta-apply-customers"], jobs["k2d-kafka2delta-purge-customers"]
+    assert "k2d-kafka2delta-apply-products" in jobs and "k2d-kafka2delta-purge-products" not in jobs
+    assert apply["spec"]["schedule"] == "*/10 * * * *" and purge["spec"]["schedule"] == "40 4 * * 0"
+    for job, component in ((apply, "maintenance-apply-customers"), (purge, "maintenance-purge-customers")):
+        assert job["metadata"]["labels"]["app.kubernetes.io/component"] == component
+        assert job["spec"]["jobTemplate"]["metadata"]["labels"]["app.kubernetes.io/component"] == component
+        pod = job["spec"]["jobTemplate"]["spec"]["template"]
+        assert pod["metadata"]["labels"]["app.kubernetes.io/component"] == component
+        assert pod["metadata"]["labels"]["team"] == "data-platform"
+        assert pod["spec"]["containers"][0]["name"] == job["metadata"]["name"].removeprefix("k2d-kafka2delta-")
+    # Everything but the schedule, the container's name and arguments and the component is the optimize job's.
+    for job in (apply, purge):
+        component = job["metadata"]["labels"]["app.kubernetes.io/component"]
+        optimize = json.loads(json.dumps(jobs["k2d-kafka2delta-optimize"]).replace("maintenance-optimize", component))
+        for spec in (job["spec"], optimize["spec"]):
+            del spec["schedule"]
+            container = spec["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]
+            del container["name"], container["args"]
+        assert job["spec"] == optimize["spec"]
+        assert job["metadata"]["labels"] == optimize["metadata"]["labels"]
+    # The apply job reads its table's entry, then the common args.
+    rendered = _cronjobs(
+        render(
+            None,
+            "maintenance.jobs.applyChanges.enabled=true",
+            "maintenance.jobs.applyChanges.tables[0].name=t",
+            "maintenance.jobs.applyChanges.tables[0].source=s3://b/changes",
+            "maintenance.jobs.applyChanges.tables[0].target=s3://b/current",
+            "maintenance.jobs.applyChanges.tables[0].deleteMode=hard",
+            "maintenance.jobs.applyChanges.args={--json}",
+        )
+    )
+    assert set(rendered) == {f"k2d-kafka2delta-{j}" for j in ("optimize", "vacuum", "apply-t")}
+    container = rendered["k2d-kafka2delta-apply-t"]["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]
+    assert container["args"] == [
+        *("jobs", "apply-changes", "--available-now", "--source", "s3://b/changes", "--target", "s3://b/current"),
+        *("--job-name", "apply-t", "--delete-mode", "hard", "--json"),
+    ]
+
+
+def test_cronjob_names_fit_kubernetes(render: Callable[..., list[dict[str, Any]]]) -> None:
+    """CronJob names stay within 52 characters (their Jobs add 11) with a long release name and the longest
+    table name the schema allows; the full name keeps its first 43 characters where the job leaves room."""
+    release = "k2d-" + "x" * 60
+    long_name = "t" * 20
+    docs = render(
+        VALUES_FILES["full"],
+        f"fullnameOverride={release}",
+        f"maintenance.jobs.applyChanges.tables[1].name={long_name}",
+        "maintenance.jobs.applyChanges.tables[1].purgeSchedule=0 5 * * *",
+    )
+    names = set(_cronjobs(docs))
+    assert all(len(name) <= 52 for name in names), sorted(names)
+    assert {f"{release[:43]}-{job}" for job in ("optimize", "vacuum", "mutate", "ttl")} < names
+    assert {f"{release[:36]}-apply-customers", f"{release[:36]}-purge-customers"} < names
+    assert {f"{release[:25]}-apply-{long_name}", f"{release[:25]}-purge-{long_name}"} < names
+
+
+def test_apply_changes_guards(run_helm: Callable[..., subprocess.CompletedProcess[str]]) -> None:
+    """The schema and the template refuse apply-changes tables that would deploy wrongly: a name that is not
+    a short DNS label or is used twice, a missing source, an unknown delete mode, a target the daemon writes
+    or that another table already has, no tables at all."""
+    table = "maintenance.jobs.applyChanges.tables[1]"
+    cases = {
+        f"{table}.name=Products": "does not match pattern",
+        f"{table}.name={'p' * 21}": "maxLength",
+        f"{table}.name=customers": "already the name of another table",
+        f"{table}.source=null": "applyChanges/tables/1/source",
+        f"{table}.deleteMode=purge": "value must be one of",
+        f"{table}.target=s3://lake/bronze/orders/": "a table the daemon writes",
+        f"{table}.target=s3://lake/bronze/orders_dead_letters": "a table the daemon writes",
+        f"{table}.target=s3://lake/silver/customers": "already another table's target",
+        f"{table}.target=s3://lake/bronze/cdc_products": "source and target are the same table",
+        "maintenance.jobs.applyChanges.tables=null": "enabled without tables",
+    }
+    for setting, message in cases.items():
+        result = run_helm("template", "k2d", str(CHART), *_values_args(VALUES_FILES["full"], (setting,)))
+        assert result.returncode != 0, f"--set {setting} was accepted"
+        assert message in result.stderr, f"--set {setting}: {result.stderr}"
 
 
 def test_container_args_parse_with_the_cli(render: Callable[..., list[dict[str, Any]]]) -> None:
