@@ -1,0 +1,300 @@
+"""PostgreSQL → Debezium replication for the chaos tests: the source tables and a random workload on them,
+waiting for Debezium and the daemon, and comparing a source table with its Delta table value by value."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import random
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaException
+from confluent_kafka import TopicPartition as KafkaTopicPartition
+
+from dev.postgres.postgres import Database
+from tests.support.harness import Daemon
+
+ACCOUNTS = """CREATE TABLE accounts (
+    id bigint PRIMARY KEY, amount numeric(38,10), ratio numeric, name text, active boolean, opened date,
+    at time, created timestamp, updated timestamptz, doc jsonb, uid uuid, scores int[])"""
+LINES = "CREATE TABLE lines (order_id int, line int, qty int, note text, PRIMARY KEY (order_id, line))"
+TAGS = "CREATE TABLE tags (id int PRIMARY KEY, label text)"
+KEYS = {"accounts": ["id"], "lines": ["order_id", "line"], "tags": ["id"]}
+
+
+def account(rng: random.Random, key: int) -> tuple[Any, ...]:
+    def maybe(value: Any) -> Any:
+        return None if rng.random() < 0.1 else value
+
+    return (
+        key,
+        maybe(Decimal(rng.randint(-(10**15), 10**15)).scaleb(-10)),
+        maybe(Decimal(rng.randint(-(10**9), 10**9)).scaleb(-rng.randint(0, 12))),
+        maybe(rng.choice(["plain", "héllo wörld ✓", "日本語 🙂", "", "a'quote"])),
+        maybe(rng.random() < 0.5),
+        maybe(f"20{rng.randint(0, 30):02d}-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}"),
+        maybe(
+            f"{rng.randint(0, 23):02d}:{rng.randint(0, 59):02d}:{rng.randint(0, 59):02d}.{rng.randint(0, 999999):06d}"
+        ),
+        maybe(f"2024-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d} 12:34:56.{rng.randint(0, 999999):06d}"),
+        maybe(f"2024-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d} 01:02:03.5+0{rng.randint(0, 9)}:00"),
+        maybe(json.dumps({"n": rng.randint(0, 9), "tags": ["x", None], "é": True})),
+        maybe(str(uuid.UUID(int=rng.getrandbits(128)))),
+        maybe([rng.randint(-5, 5), None][: rng.randint(0, 2)]),
+    )
+
+
+class Workload:
+    """Random changes to the three tables, keeping track of the keys each holds."""
+
+    def __init__(self, database: Database, schema: str, seed: int) -> None:
+        self.database = database
+        self.schema = schema
+        self.rng = random.Random(seed)
+        self.keys: dict[str, list[Any]] = {name: [] for name in KEYS}
+        self.next_id = 1
+        self.extra_added = False
+
+    def connect(self) -> Any:
+        conn = self.database.connect()
+        conn.execute(f"SET search_path TO {self.schema}")
+        return conn
+
+    def snapshot(self, rows: int) -> None:
+        with self.database.connect() as conn:
+            conn.execute(f"CREATE SCHEMA {self.schema}")
+        with self.connect() as conn:
+            for statement in (ACCOUNTS, LINES, TAGS):
+                conn.execute(statement)
+            with conn.cursor() as cursor:
+                cursor.executemany(
+                    "INSERT INTO accounts VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)",
+                    [account(self.rng, self._new_id("accounts")) for _ in range(rows)],
+                )
+                lines = [(i // 4, i % 4, self.rng.randint(1, 100), "snap") for i in range(rows)]
+                cursor.executemany("INSERT INTO lines VALUES (%s,%s,%s,%s)", lines)
+                self.keys["lines"] = [(o, line) for o, line, _, _ in lines]
+                tags = [(i, f"tag {i}") for i in range(rows // 10)]
+                cursor.executemany("INSERT INTO tags VALUES (%s,%s)", tags)
+                self.keys["tags"] = [i for i, _ in tags]
+
+    def _new_id(self, table: str) -> int:
+        self.next_id += 1
+        self.keys[table].append(self.next_id)
+        return self.next_id
+
+    def step(self, conn: Any) -> None:
+        rng = self.rng
+        table = rng.choice(["accounts", "accounts", "lines", "tags"])
+        kind = rng.choices(["insert", "update", "delete"], [2, 7, 1])[0]
+        keys = self.keys[table]
+        if kind != "insert" and not keys:
+            kind = "insert"
+        if table == "accounts":
+            if kind == "insert":
+                conn.execute(
+                    "INSERT INTO accounts VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)",
+                    account(rng, self._new_id("accounts")),
+                )
+            elif kind == "update":
+                row = account(rng, rng.choice(keys))
+                extra = ", extra = %s" if self.extra_added else ""
+                values = [*row[1:], *([f"x{rng.randint(0, 99)}"] if self.extra_added else []), row[0]]
+                conn.execute(
+                    "UPDATE accounts SET amount=%s, ratio=%s, name=%s, active=%s, opened=%s, at=%s, created=%s, "
+                    f"updated=%s, doc=%s, uid=%s, scores=%s{extra} WHERE id=%s",
+                    values,
+                )
+            else:
+                conn.execute("DELETE FROM accounts WHERE id=%s", (keys.pop(rng.randrange(len(keys))),))
+        elif table == "lines":
+            if kind == "insert":
+                key = (100_000 + self.next_id, 0)
+                self.next_id += 1
+                keys.append(key)
+                conn.execute("INSERT INTO lines VALUES (%s,%s,%s,%s)", (*key, rng.randint(1, 9), "new"))
+            elif kind == "update":
+                conn.execute(
+                    "UPDATE lines SET qty=%s WHERE order_id=%s AND line=%s", (rng.randint(0, 999), *rng.choice(keys))
+                )
+            else:
+                conn.execute("DELETE FROM lines WHERE order_id=%s AND line=%s", keys.pop(rng.randrange(len(keys))))
+        elif kind == "insert":
+            conn.execute("INSERT INTO tags VALUES (%s,%s)", (self._new_id("tags"), "new tag"))
+        elif kind == "update":
+            conn.execute("UPDATE tags SET label=%s WHERE id=%s", (f"label {rng.randint(0, 9)}", rng.choice(keys)))
+        else:
+            conn.execute("DELETE FROM tags WHERE id=%s", (keys.pop(rng.randrange(len(keys))),))
+
+    def change_primary_key(self, conn: Any) -> None:
+        old = self.keys["tags"].pop(0)
+        new = self._new_id("tags")
+        conn.execute("UPDATE tags SET id=%s, label='moved' WHERE id=%s", (new, old))
+
+    def add_column(self, conn: Any) -> None:
+        conn.execute("ALTER TABLE accounts ADD COLUMN extra text")
+        self.extra_added = True
+
+
+# Without the embedded schema the tables need theirs; a time of day has no type then: its microseconds.
+PLAIN_SCHEMAS = {
+    "accounts": {
+        "id": "long",
+        "amount": "decimal(38,10)",
+        "ratio": "string",
+        "name": "string",
+        "active": "boolean",
+        "opened": "date",
+        "at": "long",
+        "created": "timestamp_ntz",
+        "updated": "timestamp",
+        "doc": "string",
+        "uid": "string",
+        "scores": "array<int>",
+    },
+    "lines": {"order_id": "int", "line": "int", "qty": "int", "note": "string"},
+    "tags": {"id": "int", "label": "string"},
+}
+
+
+def run_workload(workload: Workload, operations: int, on_step: Callable[[int], None]) -> None:
+    """``operations`` random changes, with a primary-key change at a third and an added column at half of them;
+    ``on_step(step)`` after each (to kill and restart what the test kills)."""
+    with workload.connect() as conn:
+        for step in range(operations):
+            workload.step(conn)
+            if step == operations // 3:
+                workload.change_primary_key(conn)
+            if step == operations // 2:
+                workload.add_column(conn)
+            on_step(step)
+            if step % 50 == 0:
+                time.sleep(0.05)
+
+
+def high_watermarks(bootstrap: str, topics: list[str]) -> dict[str, int]:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"hw-{uuid.uuid4().hex[:6]}"})
+    try:
+        return {t: consumer.get_watermark_offsets(KafkaTopicPartition(t, 0), timeout=10)[1] for t in topics}
+    finally:
+        consumer.close()
+
+
+def snapshot_arrived(bootstrap: str, topics: list[str]) -> bool:
+    try:
+        return all(high_watermarks(bootstrap, topics).values())
+    except KafkaException:  # a topic the worker has not created yet
+        return False
+
+
+def wait_quiet(bootstrap: str, topics: list[str], quiet_s: float = 4.0, timeout: float = 120) -> None:
+    """Until Debezium has produced everything: the topics' ends stop moving."""
+    deadline = time.monotonic() + timeout
+    last, since = high_watermarks(bootstrap, topics), time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        now = high_watermarks(bootstrap, topics)
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= quiet_s:
+            return
+    raise AssertionError(f"Debezium kept producing for {timeout} s: {last}")
+
+
+def committed(daemon: Daemon, timeout: float = 60) -> None:
+    """Until the daemon's log shows a commit (it has caught up with its partitions' assignment)."""
+    deadline = time.monotonic() + timeout
+    while "committed version" not in daemon.log():
+        assert time.monotonic() < deadline, f"no commit in {timeout} s:\n{daemon.log()[-3000:]}"
+        time.sleep(0.2)
+
+
+def normalized(value: Any) -> Any:
+    """A value as both sides can be compared: PostgreSQL's through psycopg, Delta's through Arrow."""
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, Decimal):
+        return value.normalize()
+    if hasattr(value, "isoformat") and type(value).__name__ == "time":
+        return value.isoformat()
+    return value
+
+
+def delta_value(column: str, value: Any, converter: str) -> Any:
+    if value is None:
+        return None
+    if column == "at" and converter == "json-plain":  # microseconds since midnight
+        seconds, micros = divmod(value, 1_000_000)
+        return dt.time(seconds // 3600, seconds // 60 % 60, seconds % 60, micros).isoformat()
+    if column == "ratio":
+        return Decimal(value).normalize()  # numeric without scale: the exact text
+    if column == "doc":
+        return json.loads(value)
+    return normalized(value)
+
+
+def assert_equal_tables(conn: Any, name: str, rows: Sequence[dict[str, Any]], converter: str) -> None:
+    """The Delta table's ``rows`` equal ``SELECT * FROM name`` row by row and value by value (one row per key)."""
+    key = KEYS[name]
+    cursor = conn.execute(f"SELECT * FROM {name}")
+    columns = [c.name for c in cursor.description or []]
+    source = {
+        tuple(row[columns.index(k)] for k in key): {c: normalized(v) for c, v in zip(columns, row, strict=True)}
+        for row in cursor.fetchall()
+    }
+    assert not rows or set(columns) <= set(rows[0]), (name, columns, list(rows[0]))
+    delta = {tuple(row[k] for k in key): {c: delta_value(c, row[c], converter) for c in columns} for row in rows}
+    assert len(delta) == len(rows)  # one row per key
+    missing = sorted(set(source) - set(delta))[:5]
+    extra = sorted(set(delta) - set(source))[:5]
+    assert not missing and not extra, f"{name}: missing {missing}, extra {extra}"
+    differing = [k for k in source if source[k] != delta[k]]
+    assert not differing, f"{name}: {len(differing)} rows differ, e.g. {source[differing[0]]} != {delta[differing[0]]}"
+
+
+def config_text(
+    tmp_path: Path, bootstrap: str, prefix: str, converter: str, registry: str | None, mode: str = "upsert"
+) -> str:
+    """The daemon's config: the three tables' topics, each routed to ``<tmp_path>/tables/<topic>`` in ``mode``."""
+    routes = "\n".join(
+        f'[[routes]]\ntopic = "{prefix}.{prefix}.{name}"\nkey = {json.dumps(key)}\n'
+        + (f"[routes.schema]\n{_toml_table(PLAIN_SCHEMAS[name])}" if converter == "json-plain" else "")
+        for name, key in KEYS.items()
+    )
+    if converter == "avro":
+        formats = f'type = "avro"\nkey = "avro"\nenvelope = "debezium"\n[schema_registry]\nurl = "{registry}"'
+    else:
+        formats = 'key = "json"\nenvelope = "debezium"'
+    topics = json.dumps([f"{prefix}.{prefix}.{name}" for name in KEYS])
+    return f"""
+[kafka]
+bootstrap_servers = "{bootstrap}"
+topics = {topics}
+group_id = "{prefix}"
+[kafka.settings]
+"session.timeout.ms" = "6000"
+"heartbeat.interval.ms" = "1000"
+"topic.metadata.refresh.interval.ms" = "2000"
+[table]
+uri = "{tmp_path}/tables/{{topic}}"
+mode = "{mode}"
+schema_evolution = "merge"
+[format]
+{formats}
+[ingest]
+allowed_latency_s = 1.0
+progress_interval_s = 2.0
+[dead_letters]
+table_uri = "{tmp_path}/dead_letters"
+
+{routes}
+"""
+
+
+def _toml_table(columns: dict[str, str]) -> str:
+    return "".join(f'{name} = "{kind}"\n' for name, kind in columns.items())
