@@ -30,7 +30,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -58,8 +58,9 @@ _ARROW = pa.schema(
 _PAYLOAD = "x" * 100
 
 
-def seed_table(uri: str, rows: int) -> None:
-    """``rows`` rows sorted by id in 16 files (what a table compacted and Z-ordered on its key looks like)."""
+def seed_table(uri: str, rows: int, *, changelog: bool = False) -> None:
+    """``rows`` rows sorted by id in 16 files (what a table compacted and Z-ordered on its key looks like);
+    ``changelog``: as a changelog's snapshot (``_op = "r"``, Kafka coordinates -1, before any change)."""
     per_file = -(-rows // 16)
     for start in range(0, rows, per_file):
         ids = np.arange(start, min(rows, start + per_file), dtype=np.int64)
@@ -73,6 +74,12 @@ def seed_table(uri: str, rows: int) -> None:
             },
             schema=_ARROW,
         )
+        if changelog:
+            batch = (
+                batch.append_column("kafka_partition", pa.array([-1] * len(ids), pa.int32()))
+                .append_column("kafka_offset", pa.array([-1] * len(ids), pa.int64()))
+                .append_column("_op", pa.array(["r"] * len(ids), pa.string()))
+            )
         write_deltalake(uri, batch, mode="append")
 
 
@@ -137,27 +144,30 @@ def produce(
     return stamps
 
 
-def commits(uri: str) -> list[dict[str, Any]]:
-    """Every commit after the seed: its timestamp (s), the bytes it adds and removes, and (daemon) its offsets."""
+def commits(uri: str, operations: tuple[str, ...] = ("MERGE",), *, with_version: bool = False) -> list[dict[str, Any]]:
+    """Every commit of ``operations`` after the seed: its timestamp (s), the bytes and files it adds, the bytes it
+    removes, and (daemon) its offsets."""
     found = []
     for path in sorted((Path(uri) / "_delta_log").glob("*.json")):
         info: dict[str, Any] = {}
-        added = removed = 0
+        added = removed = files = 0
         for line in path.read_text().splitlines():
             action = json.loads(line) if line.strip() else {}
             if "commitInfo" in action:
                 info = action["commitInfo"]
             added += action.get("add", {}).get("size", 0)
+            files += "add" in action
             removed += action.get("remove", {}).get("size", 0) or 0
-        if info.get("operation") in ("MERGE",):
-            found.append(
-                {
-                    "ts": info["timestamp"] / 1000,
-                    "added": added,
-                    "removed": removed,
-                    "kafka2delta": info.get("kafka2delta"),
-                }
-            )
+        operation = info.get("operation")
+        if operation in operations and (operation != "WRITE" or info.get("kafka2delta")):  # not the seed's WRITE
+            commit = {
+                "ts": info["timestamp"] / 1000,
+                "added": added,
+                "files": files,
+                "removed": removed,
+                "kafka2delta": info.get("kafka2delta"),
+            }
+            found.append({**commit, "version": int(path.stem)} if with_version else commit)
     return found
 
 
@@ -172,9 +182,8 @@ def latencies(stamps: dict[tuple[int, int], float], readable: dict[tuple[int, in
     }
 
 
-def run_daemon(
-    bootstrap: str, work: Path, topic: str, uri: str, flush: float, args: argparse.Namespace
-) -> dict[str, Any]:
+def daemon_environment(work: Path, bootstrap: str, topic: str, uri: str, flush: float, mode: str) -> dict[str, str]:
+    """The daemon's configuration (environment variables): ``topic`` into ``uri`` in ``mode``, keyed by ``id``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("K2D_")}
     env.update(
         {
@@ -183,7 +192,7 @@ def run_daemon(
             "K2D_KAFKA__TOPIC": topic,
             "K2D_KAFKA__GROUP_ID": f"bench-{topic}",
             "K2D_TABLE__URI": uri,
-            "K2D_TABLE__MODE": "upsert",
+            "K2D_TABLE__MODE": mode,
             "K2D_TABLE__KEY": "id",
             "K2D_FORMAT__KEY": "json",
             "K2D_TABLE__SCHEMA": json.dumps(SCHEMA),
@@ -191,6 +200,13 @@ def run_daemon(
             "K2D_DEAD_LETTERS__TABLE_URI": str(work / "dead_letters"),
         }
     )
+    return env
+
+
+def run_daemon(
+    bootstrap: str, work: Path, topic: str, uri: str, flush: float, args: argparse.Namespace
+) -> dict[str, Any]:
+    env = daemon_environment(work, bootstrap, topic, uri, flush, "upsert")
     log = (work / "daemon.log").open("wb")
     proc = subprocess.Popen([sys.executable, "-m", "kafka2delta", "ingest"], env=env, cwd=work, stdout=log, stderr=log)
     with TreeMonitor(proc.pid) as monitor:
@@ -223,11 +239,21 @@ def wait_txns(uri: str, topic: str, last: dict[int, int], timeout: float) -> flo
     return None
 
 
+class Measured(Protocol):
+    """What a run's summary reads of the engine's processes (a :class:`TreeMonitor`, or several added)."""
+
+    @property
+    def peak_rss_mb(self) -> float: ...
+
+    @property
+    def cpu_s(self) -> float: ...
+
+
 def summary(
     stamps: dict[tuple[int, int], float],
     readable: dict[tuple[int, int], float],
     found: list[dict[str, Any]],
-    monitor: TreeMonitor,
+    monitor: Measured,
     started: float,
     produced: float,
     caught_up: float | None,
@@ -321,10 +347,18 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=60)
     parser.add_argument("--flush", default="1,10,60", help="flush intervals, seconds")
     parser.add_argument("--keys", default="uniform,recent")
-    parser.add_argument("--skip-spark", action="store_true")
+    parser.add_argument(
+        "--engines",
+        default="kafka2delta,changelog,spark",
+        help="kafka2delta (upsert mode), changelog (changelog + jobs apply-changes), spark (foreachBatch MERGE)",
+    )
+    parser.add_argument("--skip-spark", action="store_true", help="the kafka2delta engine only")
     parser.add_argument("--quick", action="store_true", help="100,000 rows, 500 changes/s for 20 s, flush 1 and 5 s")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--work", type=Path, help="keep the tables, logs and checkpoints here (a new directory)")
     args = parser.parse_args()
+    from bench.changelog_apply import run_changelog  # it builds on this module's pieces
+
     if args.quick:
         args.rows, args.rate, args.seconds, args.flush = 100_000, 500, 20.0, "1,5"
     flushes = [float(f) for f in args.flush.split(",")]
@@ -336,7 +370,8 @@ def main() -> int:
         "runs": [],
     }
     with tempfile.TemporaryDirectory(prefix="k2d-bench-upsert-") as tmp:
-        root = Path(tmp)
+        root = args.work or Path(tmp)
+        root.mkdir(parents=True, exist_ok=True)
         seed = root / "seed"
         seed_table(str(seed), args.rows)
         print(f"seeded a table of {args.rows:,} rows", flush=True)
@@ -346,20 +381,21 @@ def main() -> int:
             for keys in args.keys.split(","):
                 args.keys_now = keys
                 for flush in flushes:
-                    engines = ["kafka2delta"] + ([] if args.skip_spark else ["spark"])
+                    engines = [e for e in args.engines.split(",") if not (args.skip_spark and e != "kafka2delta")]
                     for engine in engines:
                         name = f"{engine}-{keys}-{flush:g}".replace(".", "_")
                         work = root / name
                         work.mkdir()
                         uri = str(work / "table")
-                        subprocess.run(["cp", "-r", str(seed), uri], check=True)
+                        if engine != "changelog":  # its target is made by the job, from the changelog's snapshot
+                            subprocess.run(["cp", "-r", str(seed), uri], check=True)
                         topic = f"bench.upsert.{name}"
                         futures = admin.create_topics(
                             [NewTopic(topic, num_partitions=PARTITIONS, replication_factor=1)]
                         )
                         for future in futures.values():
                             future.result(timeout=60)
-                        runner = run_daemon if engine == "kafka2delta" else run_spark
+                        runner = {"kafka2delta": run_daemon, "spark": run_spark, "changelog": run_changelog}[engine]
                         outcome = runner(bootstrap, work, topic, uri, flush, args)
                         row = {"engine": engine, "keys": keys, "flush_s": flush, **outcome}
                         results["runs"].append(row)
