@@ -120,26 +120,25 @@ def run_changelog(
 
 
 def target_commits(uri: str) -> list[dict[str, Any]]:
-    """The target's MERGE commits: version, time, the job's txn version (its micro-batch), bytes added (files
-    and deletion vectors) and removed, deletion vectors written."""
+    """The target's MERGE commits: version, time, the job's txn version (its micro-batch), bytes written and
+    removed, deletion vectors written. A file that got a deletion vector is removed and added again under the same
+    path: only its vector is written (and nothing of it removed)."""
     found = []
     for path in sorted((Path(uri) / "_delta_log").glob("*.json")):
-        info: dict[str, Any] = {}
-        batch = None
+        actions = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        info: dict[str, Any] = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+        batch = next(
+            (a["txn"]["version"] for a in actions if "txn" in a and a["txn"]["appId"].endswith(JOB_NAME)), None
+        )
+        adds = {a["add"]["path"]: a["add"] for a in actions if "add" in a}
+        removes = {a["remove"]["path"]: a["remove"] for a in actions if "remove" in a}
         added = removed = dvs = 0
-        for line in path.read_text().splitlines():
-            action = json.loads(line) if line.strip() else {}
-            info = action.get("commitInfo", info)
-            if "txn" in action and action["txn"]["appId"].endswith(JOB_NAME):
-                batch = action["txn"]["version"]
-            add = action.get("add")
-            if add:
-                added += add.get("size", 0)
-                vector = add.get("deletionVector")
-                if vector:
-                    dvs += 1
-                    added += vector.get("sizeInBytes", 0)
-            removed += action.get("remove", {}).get("size", 0) or 0
+        for file_path, add in adds.items():
+            vector = add.get("deletionVector")
+            dvs += vector is not None
+            vector_bytes = vector.get("sizeInBytes", 0) if vector else 0
+            added += vector_bytes if file_path in removes else add.get("size", 0) + vector_bytes
+        removed = sum(r.get("size", 0) or 0 for p, r in removes.items() if p not in adds)
         if info.get("operation") == "MERGE" and batch is not None:
             found.append(
                 {

@@ -40,7 +40,6 @@ from kafka2delta.errors import (
 from kafka2delta.merging import merge_changes
 from kafka2delta.offsets import CommitOutcome, classify_commit
 from kafka2delta.records import OffsetRange, TopicPartition
-from kafka2delta.spark.tables import SPARK_ONLY_PROPERTY
 
 TxnId = Callable[[TopicPartition], str]
 """The txn app id a table gives a topic partition (see :class:`kafka2delta.offsets.TxnIds`)."""
@@ -51,6 +50,16 @@ _HISTORY_LOOKED_AT = 1000
 LEGACY_OWNER_PROPERTY = "kafka2delta.legacyTxnTopic"
 
 logger = logging.getLogger(__name__)
+
+SPARK_ONLY_PROPERTY = "kafka2delta.sparkOnly"
+"""A table property set (``true``) on the tables only Spark writes (``jobs apply-changes`` targets, with deletion
+vectors): the daemon and the daemon-safe jobs (``mutate``, ``ttl``) refuse them."""
+
+
+def is_spark_only(configuration: Mapping[str, str | None]) -> bool:
+    """Whether a table's configuration marks it Spark-only (:data:`SPARK_ONLY_PROPERTY`)."""
+    return str(configuration.get(SPARK_ONLY_PROPERTY) or "false").lower() == "true"
+
 
 _HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
 _STATS_STRING_PREFIX = 32
@@ -236,7 +245,7 @@ class DeltaWriter:
             logger.info("created table %s (partitioned by %s)", uri, list(partition_by) or "nothing")
         except (DeltaError, OSError) as exc:
             raise RetryableError(f"opening table {uri}: {exc}") from exc
-        if str(table.metadata().configuration.get(SPARK_ONLY_PROPERTY, "")).lower() == "true":
+        if is_spark_only(table.metadata().configuration):
             raise ConfigError(
                 "table.uri",
                 f"{uri} is written only by Spark ({SPARK_ONLY_PROPERTY} = true: the target of 'jobs apply-changes', "

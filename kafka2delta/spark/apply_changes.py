@@ -54,13 +54,13 @@ from kafka2delta.spark.jobs import TurnJob, TurnStats, checkpoint_location
 from kafka2delta.spark.mutations import Target, _q, _Txn
 from kafka2delta.spark.session import spark_path
 from kafka2delta.spark.tables import (
-    SPARK_ONLY_PROPERTY,
     TableStats,
     check_writable,
     spark_only_table,
     table_stats,
     txn_versions,
 )
+from kafka2delta.writer import SPARK_ONLY_PROPERTY
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession

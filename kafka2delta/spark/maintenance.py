@@ -25,7 +25,6 @@ from kafka2delta.spark.report import Report
 from kafka2delta.spark.session import spark_path
 from kafka2delta.spark.tables import (
     DAEMON_FILE,
-    SPARK_ONLY_PROPERTY,
     check_writable,
     data_files,
     logged_adds,
@@ -33,6 +32,7 @@ from kafka2delta.spark.tables import (
     spark_only_table,
     table_stats,
 )
+from kafka2delta.writer import SPARK_ONLY_PROPERTY
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -22,6 +22,7 @@ from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from kafka2delta.errors import ConfigError, RetryableError
 from kafka2delta.spark.errors import TableNotWritable
+from kafka2delta.writer import SPARK_ONLY_PROPERTY, is_spark_only
 
 # Writer features deltalake 1.6.x cannot write (docs/MAINTENANCE.md): a table with any of them stops the daemon.
 # deletionVectors is here too: deltalake 1.6.6's Arrow reader refuses such tables, and the daemon reads the
@@ -47,10 +48,6 @@ _ENABLING_PROPERTIES = {
     "delta.enableInCommitTimestamps": "inCommitTimestamp",
     "delta.enableInCommitTimestamps-preview": "inCommitTimestamp",
 }
-
-SPARK_ONLY_PROPERTY = "kafka2delta.sparkOnly"
-"""A table property set (``true``) on the tables only Spark writes (``jobs apply-changes`` targets): they may use
-deletion vectors; the daemon and the daemon-safe jobs (``mutate``, ``ttl``) refuse them."""
 
 # <topic>-<partition>-<first offset>-<last offset>-<uuid>.<codec>.parquet (writer.write_files)
 DAEMON_FILE = re.compile(r"^.+-\d+-\d+-\d+-[0-9a-f]{6,}\.[a-z0-9]+\.parquet$")
@@ -105,11 +102,6 @@ def table_stats(uri: str, storage_options: Mapping[str, str] = {}) -> TableStats
         deleted = int(pc.sum(pc.invert(pc.list_flatten(vectors.column("selection_vector")))).as_py() or 0)
     size = sum(actions.column("size_bytes").to_pylist()) if actions.num_rows else 0
     return TableStats(table.version(), actions.num_rows, size, None if rows is None else rows - deleted, files_with_dvs)
-
-
-def is_spark_only(configuration: Mapping[str, str | None]) -> bool:
-    """Whether a table's configuration marks it Spark-only (:data:`SPARK_ONLY_PROPERTY`)."""
-    return str(configuration.get(SPARK_ONLY_PROPERTY) or "false").lower() == "true"
 
 
 def spark_only_table(uri: str, storage_options: Mapping[str, str] = {}) -> bool:
