@@ -15,7 +15,8 @@
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 # ---------------------------------------------------------------------------------------------------------
-# builder: wheels for kafka2delta and every dependency. The only stage with a compiler.
+# builder: wheels for kafka2delta and every dependency (with the [glue] extra: boto3, for the AWS Glue Schema
+# Registry). The only stage with a compiler.
 FROM ${PYTHON_IMAGE} AS builder
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
@@ -25,7 +26,7 @@ RUN --mount=type=bind,source=docker,target=/mnt/docker \
 COPY pyproject.toml README.md /src/
 COPY kafka2delta/ /src/kafka2delta/
 RUN --mount=type=bind,source=docker,target=/mnt/docker \
-    /mnt/docker/build-wheels.sh /src /wheels
+    /mnt/docker/build-wheels.sh /src /wheels glue
 
 # spark-builder: the [spark] extra's wheels (pyspark, delta-spark, kazoo) and the jars the jobs load (Delta,
 # Spark's Kafka source) from Maven Central, fetched here so that the jobs never reach the network at run time.
@@ -62,7 +63,7 @@ WORKDIR /tmp
 FROM runtime AS daemon
 RUN --mount=type=bind,source=docker,target=/mnt/docker \
     --mount=type=bind,from=builder,source=/wheels,target=/mnt/wheels \
-    /mnt/docker/install-daemon.sh /opt/kafka2delta /mnt/wheels
+    /mnt/docker/install-daemon.sh /opt/kafka2delta /mnt/wheels "kafka2delta[glue]"
 ENV K2D_METRICS__HOST=0.0.0.0 \
     K2D_METRICS__PORT=9102
 EXPOSE 9102

@@ -73,18 +73,29 @@ def summarize(collapsed: Path, top: int = 25) -> str:
     return "\n".join(out) + "\n"
 
 
+# Where a frame of the package belongs: a stage package (every module in it) or one module, by its path inside
+# kafka2delta/ (the house has one room per stage: serialization/, transforms/, coercions/, changes/).
 STAGES = (
     ("kafka.py", "consume (librdkafka, message objects)"),
-    ("batches.py", "consume (message objects → batch)"),
-    ("serialization.py", "deserialize (JSON/Avro → Arrow)"),
-    ("transforms.py", "transforms"),
-    ("coercions.py", "coerce to the table schema"),
+    ("records.py", "consume (message objects → batch)"),
+    ("bisection.py", "consume (message objects → batch)"),
+    ("serialization/", "deserialize (JSON/Avro/Protobuf → Arrow)"),
+    ("registry.py", "deserialize (JSON/Avro/Protobuf → Arrow)"),
+    ("registry_glue.py", "deserialize (JSON/Avro/Protobuf → Arrow)"),
+    ("changes/", "change events (envelopes, collapse)"),
+    ("transforms/", "transforms"),
+    ("coercions/", "coerce to the table schema"),
     ("schema.py", "coerce to the table schema"),
     ("value_buffers.py", "buffer"),
     ("writer.py", "write Parquet + Delta commit"),
+    ("merging.py", "write Parquet + Delta commit"),
+    ("committer.py", "commit (glue: txns, dead letters, evolution)"),
     ("dead_letters.py", "dead-letter table"),
     ("pipeline.py", "pipeline (glue)"),
+    ("splitting.py", "pipeline (glue)"),
     ("runner.py", "loop (glue)"),
+    ("progress.py", "loop (glue)"),
+    ("retries.py", "loop (glue)"),
     ("cli.py", "start-up"),
 )
 
@@ -93,11 +104,11 @@ def _stage(frames: list[tuple[str, str]]) -> str:
     for func, file in reversed(frames):
         if "kafka2delta" not in file:
             continue
-        name = Path(file).name
+        inside = Path(file).as_posix().rsplit("kafka2delta/", 1)[-1]
         for module, stage in STAGES:
-            if name == module:
+            if inside == module or (module.endswith("/") and inside.startswith(module)):
                 return stage
-        return f"other ({name}:{func})"
+        return f"other ({inside}:{func})"
     if any("importlib" in file or func == "<module>" for func, file in frames):
         return "start-up (imports)"
     return "outside the daemon's code (threads of librdkafka/Rust, interpreter)"

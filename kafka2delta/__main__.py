@@ -1,5 +1,5 @@
 import sys
 
-from kafka2delta.cli import main
+from kafka2delta.startup import main
 
 sys.exit(main())

@@ -16,7 +16,7 @@ from types import FrameType
 
 import pyarrow as pa
 
-from kafka2delta import __version__, faults, verify
+from kafka2delta import __version__, faults, startup, verify
 from kafka2delta.changes import ChangeDeserializer
 from kafka2delta.coercions import CoercionOptions
 from kafka2delta.config import Config, load_config
@@ -30,6 +30,7 @@ from kafka2delta.metrics import Metrics
 from kafka2delta.pipeline import Pipeline
 from kafka2delta.records import TopicPartition
 from kafka2delta.registry import SchemaRegistry
+from kafka2delta.registry_glue import GlueRegistry
 from kafka2delta.routing import Routes, TableSpec
 from kafka2delta.runner import Ingestor
 from kafka2delta.schema import parse_schema
@@ -80,6 +81,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"kafka2delta: config error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     setup_logging(config.logging.level, config.logging.format, config.secret_values())
+    if args.command != "ingest":
+        startup.release()  # only the daemon's start-up turns a stop signal into a clean exit
     try:
         if args.command == "ingest":
             return _ingest(config, args.until_caught_up)
@@ -131,10 +134,17 @@ def open_table_writer(config: Config, spec: TableSpec, create: bool) -> DeltaWri
     )
 
 
+def open_registry(config: Config) -> SchemaRegistry | GlueRegistry | None:
+    """The schema-registry edge of ``[schema_registry]`` (None when none is configured)."""
+    if config.schema_registry.type == "glue":
+        return GlueRegistry(config.schema_registry)
+    return SchemaRegistry(config.schema_registry) if config.schema_registry.url else None
+
+
 def build_pipeline(config: Config, table_schema: pa.Schema, spec: TableSpec | None = None) -> Pipeline:
     """The stages as configured, fitted to ``table_schema`` (of ``spec``'s table; default: ``[table]``'s);
     a bad expression or format setting is a ConfigError."""
-    registry = SchemaRegistry(config.schema_registry) if config.schema_registry.url else None
+    registry = open_registry(config)
     deserializer: Deserializer = build_deserializer(config.format, registry, config.kafka.topic)
     changes = spec.changes if spec is not None else None
     if changes is not None:
@@ -165,7 +175,7 @@ def build_pipeline(config: Config, table_schema: pa.Schema, spec: TableSpec | No
 def build_router(config: Config) -> Pipeline:
     """The route stage's pipeline (``[routing] expression``): decode and transform as the tables do, then put the
     expression's value in the router's one column."""
-    registry = SchemaRegistry(config.schema_registry) if config.schema_registry.url else None
+    registry = open_registry(config)
     deserializer = build_deserializer(config.format, registry, config.kafka.topic)
     transformer = Transformer((*config.transforms, (ROUTE_COLUMN, config.routing.expression)), config.filter.expression)
     options = CoercionOptions(config.coercions.epoch_unit, dict(config.coercions.epoch_units))

@@ -6,6 +6,10 @@ in ``verify.py``), and re-raised as ours.
 The start offset of every partition is set inside the assignment itself (never fetch, then seek):
 the rebalance callbacks ask a :class:`RebalanceListener` where each partition starts, and
 assign with those offsets.
+
+librdkafka retries every failed connection; the ones no retry can mend (credentials or a certificate refused,
+the broker's certificate not trusted: :func:`security_failure`) are seen by the error callback and raised as
+FatalError naming the ``kafka.settings`` key, from the next consume or metadata read.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ from __future__ import annotations
 import gc
 import itertools
 import logging
+import re
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
@@ -57,6 +63,7 @@ class KafkaSource:
         self._with_headers = with_headers
         self._subscription = config.subscription()
         self._single_topic = bool(config.topic) or (len(config.topics) == 1 and not config.topic_pattern)
+        self._watch = SecurityWatch(config.settings)
         settings: dict[str, Any] = {**_DEFAULT_SETTINGS, **config.settings}
         self._cooperative = "cooperative" in str(settings["partition.assignment.strategy"])
         settings.update(
@@ -88,7 +95,7 @@ class KafkaSource:
         try:
             self._consumer = Consumer(self._settings)
             named = [] if self._config.topic_pattern else self._subscription
-            metadata = self._consumer.list_topics(timeout=30) if named else None
+            metadata = _metadata(self._consumer, self._watch, timeout=30) if named else None
         except KafkaException as exc:
             raise RetryableError(f"cannot reach Kafka at {self._config.bootstrap_servers}: {exc}") from exc
         for name in named:
@@ -134,6 +141,7 @@ class KafkaSource:
             messages: list[Message] = self.consumer.consume(num_messages=max_messages, timeout=timeout)
         except KafkaException as exc:
             raise RetryableError(f"consume failed: {exc}") from exc
+        self._watch.check()  # the error callbacks ran inside consume()
         batch = ConsumedBatch()
         if any(map(Message.error, messages)):  # end-of-partition events, errors: rare, handled one by one
             good = []
@@ -263,8 +271,9 @@ class KafkaSource:
             self._consumer.close()
             self._consumer = None
 
-    @staticmethod
-    def _on_error(error: KafkaError) -> None:
+    def _on_error(self, error: KafkaError) -> None:
+        if self._watch.saw(error):
+            return  # raised by the next consume (or start), naming the setting at fault
         if error.fatal():
             logger.error("fatal Kafka client error: %s", error.str())
         else:
@@ -333,7 +342,7 @@ def _to_kafka_offset(offset: int | LogicalOffset) -> int:
     return offset
 
 
-def _probe_consumer(bootstrap_servers: str, settings: Mapping[str, str]) -> Consumer:
+def _probe_consumer(bootstrap_servers: str, settings: Mapping[str, str], watch: SecurityWatch) -> Consumer:
     # A consumer that never subscribes: it reads metadata and watermarks without joining a group.
     # librdkafka's own log lines go through Python logging (JSON lines, secrets masked), never raw to stderr.
     return Consumer(
@@ -342,15 +351,17 @@ def _probe_consumer(bootstrap_servers: str, settings: Mapping[str, str]) -> Cons
             "bootstrap.servers": bootstrap_servers,
             "group.id": "kafka2delta-probe",
             "logger": logging.getLogger("kafka2delta.librdkafka"),
+            "error_cb": watch.saw,
         }
     )
 
 
 def topic_partitions(bootstrap_servers: str, topic: str, settings: Mapping[str, str]) -> list[int]:
     """The partitions of ``topic``, read from the broker's metadata."""
-    consumer = _probe_consumer(bootstrap_servers, settings)
+    watch = SecurityWatch(settings)
+    consumer = _probe_consumer(bootstrap_servers, settings, watch)
     try:
-        info = consumer.list_topics(topic, timeout=30).topics.get(topic)
+        info = _metadata(consumer, watch, timeout=30, topic=topic).topics.get(topic)
         if info is None or info.error is not None:
             raise FatalError(f"kafka.topic: topic {topic!r} does not exist")
         return sorted(info.partitions)
@@ -364,9 +375,10 @@ def subscribed_topics(bootstrap_servers: str, config: KafkaConfig, settings: Map
     """The topics the subscription names, or those of the cluster its pattern matches now."""
     if not config.topic_pattern:
         return config.subscription()
-    consumer = _probe_consumer(bootstrap_servers, settings)
+    watch = SecurityWatch(settings)
+    consumer = _probe_consumer(bootstrap_servers, settings, watch)
     try:
-        topics = consumer.list_topics(timeout=30).topics
+        topics = _metadata(consumer, watch, timeout=30).topics
     except KafkaException as exc:
         raise RetryableError(f"cannot reach Kafka at {bootstrap_servers}: {exc}") from exc
     finally:
@@ -377,7 +389,7 @@ def subscribed_topics(bootstrap_servers: str, config: KafkaConfig, settings: Map
 def high_watermarks(
     bootstrap_servers: str, topic: str, partitions: list[int], settings: Mapping[str, str]
 ) -> dict[int, int]:
-    consumer = _probe_consumer(bootstrap_servers, settings)
+    consumer = _probe_consumer(bootstrap_servers, settings, SecurityWatch(settings))
     try:
         return {
             p: int(consumer.get_watermark_offsets(KafkaTopicPartition(topic, p), timeout=10)[1]) for p in partitions
@@ -386,3 +398,83 @@ def high_watermarks(
         raise RetryableError(f"watermarks of {topic}: {exc}") from exc
     finally:
         consumer.close()
+
+
+# ----------------------------------------------------------------- security failures
+
+# TLS alerts a broker sends when it refuses the client's certificate (or its absence): bad_certificate (42),
+# unknown_ca (48), certificate_unknown (46), certificate_expired (45), certificate_revoked (44),
+# certificate_required (116).
+_CLIENT_CERTIFICATE_REFUSED = re.compile(
+    r"alert (bad certificate|unknown ca|certificate (unknown|expired|revoked|required))"
+)
+
+
+def security_failure(error: KafkaError, settings: Mapping[str, str]) -> FatalError | None:
+    """The error no retry can mend, naming the ``kafka.settings`` key at fault, or None for any other error.
+
+    librdkafka retries every connection failure forever and reports each attempt to the error callback; among
+    them, the broker refusing our credentials (``_AUTHENTICATION``), or our certificate, and our refusing the
+    broker's certificate (``_SSL``, "certificate verify failed") only repeat until someone changes the settings.
+    """
+    code, text = error.code(), error.str()
+    if code in (KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED):
+        if "mechanism handshake failed" in text:
+            key = _named(settings, ("sasl.mechanism", "sasl.mechanisms"))
+            problem = "the broker does not offer this SASL mechanism"
+        else:
+            key = "sasl.password"
+            problem = f"authentication failed for sasl.username {settings.get('sasl.username', '')!r}"
+    elif code == KafkaError._SSL and "certificate verify failed" in text:
+        key = _named(settings, ("ssl.ca.location", "ssl.ca.pem"))
+        problem = "the broker's certificate is not trusted (not signed by this CA, or not for this host name)"
+    elif code in (KafkaError._SSL, KafkaError._TRANSPORT) and _CLIENT_CERTIFICATE_REFUSED.search(text):
+        keys = ("ssl.certificate.location", "ssl.certificate.pem", "ssl.keystore.location")
+        key = _named(settings, keys)
+        if any(settings.get(k) for k in keys):
+            problem = "the broker refused the client certificate (not signed by a CA it trusts?)"
+        else:
+            problem = "the broker wants a client certificate (mTLS) and none is set"
+    else:
+        return None
+    return FatalError(f"kafka.settings.{key}: {problem}; librdkafka: {text}")
+
+
+def _named(settings: Mapping[str, str], keys: tuple[str, ...]) -> str:
+    """The first of ``keys`` that is set, else the first of them."""
+    return next((key for key in keys if settings.get(key)), keys[0])
+
+
+class SecurityWatch:
+    """The error callback's memory: the first :func:`security_failure` librdkafka reported, raised by
+    :meth:`check` on the thread that polls (confluent-kafka runs the callback inside poll/consume)."""
+
+    def __init__(self, settings: Mapping[str, str]) -> None:
+        self._settings = settings
+        self.failure: FatalError | None = None
+
+    def saw(self, error: KafkaError) -> bool:
+        """Record ``error`` if it is a security failure (the first one only); whether it is one."""
+        failure = security_failure(error, self._settings)
+        if failure is not None and self.failure is None:
+            self.failure = failure
+        return failure is not None
+
+    def check(self) -> None:
+        if self.failure is not None:
+            raise self.failure
+
+
+def _metadata(consumer: Consumer, watch: SecurityWatch, timeout: float, topic: str | None = None) -> Any:
+    """``list_topics``, in slices of a second with the error callbacks served in between: a security failure
+    raises FatalError at once instead of a bare "transport failure" when ``timeout`` runs out."""
+    deadline = time.monotonic() + timeout
+    while True:
+        remaining = deadline - time.monotonic()
+        try:
+            return consumer.list_topics(topic, timeout=max(0.1, min(1.0, remaining)))
+        except KafkaException:
+            consumer.poll(0)  # runs the error callback for what librdkafka met meanwhile
+            watch.check()
+            if remaining <= 1.0:
+                raise

@@ -1,6 +1,6 @@
 """Logging setup for the entry point: plain or JSON lines on stderr, secrets never written.
 
-``logging.format = "plain"``: ``2026-11-22 10:00:00,123 WARNING kafka2delta.runner: dead letter t[0]@17 …``.
+``logging.format = "plain"``: ``2026-11-22 10:00:00,123 WARNING kafka2delta.committer: dead letter t[0]@17 …``.
 
 ``logging.format = "json"``: one object per line with ``time`` (RFC 3339, UTC, milliseconds), ``level``,
 ``logger``, ``message``, and ``exception`` when there is one. A line about one message (its text says

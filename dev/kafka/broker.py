@@ -10,6 +10,10 @@ Library use (tests)::
         create_topic(broker.bootstrap_servers, "events", partitions=4)
         ...
 
+    with SecuredBroker(tmp_path / "kafka") as broker:  # + SASL_PLAINTEXT, SASL_SSL, SSL (mTLS) listeners
+        broker.add_scram_user("ingest", "secret")   # SCRAM-SHA-512, through the PLAINTEXT listener
+        broker.bootstrap("SASL_SSL"), broker.certificates.ca   # see SecuredBroker
+
 CLI use (a developer's shell; the broker keeps running after the command exits)::
 
     python -m dev.kafka.broker start [--dir DIR] [--port N] [--controller-port N]
@@ -37,13 +41,16 @@ from pathlib import Path
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin._scram import ScramCredentialInfo, ScramMechanism, UserScramCredentialUpsertion
 from confluent_kafka.cimpl import NewTopic  # what confluent_kafka.admin re-exports (not in its __all__)
 
+from dev.kafka.certificates import Certificates, make_certificates
 from dev.local_server import (
     LocalServer,
     cache_dir,
     cli_parser,
     ensure_fetched,
+    free_ports,
     jvm_options,
     mvn_copy_dependencies,
     pom_property,
@@ -118,7 +125,7 @@ def _cluster_id() -> str:
             return cid
 
 
-def _admin(bootstrap: str) -> AdminClient:
+def _admin(bootstrap: str, settings: Mapping[str, str] | None = None) -> AdminClient:
     return AdminClient(
         {
             "bootstrap.servers": bootstrap,
@@ -126,13 +133,14 @@ def _admin(bootstrap: str) -> AdminClient:
             "reconnect.backoff.ms": 50,
             "reconnect.backoff.max.ms": 250,
             "socket.connection.setup.timeout.ms": 2000,
+            **(settings or {}),
         }
     )
 
 
-def _answers(bootstrap: str, timeout: float) -> bool:
+def _answers(bootstrap: str, timeout: float, settings: Mapping[str, str] | None = None) -> bool:
     try:
-        md = _admin(bootstrap).list_topics(timeout=timeout)
+        md = _admin(bootstrap, settings).list_topics(timeout=timeout)
     except KafkaException:
         return False
     return bool(md.brokers)
@@ -276,6 +284,98 @@ class LocalBroker(LocalServer):
 
     def _ready(self, timeout: float) -> bool:
         return _answers(self.bootstrap_servers, timeout=timeout)
+
+
+class SecuredBroker(LocalBroker):
+    """A :class:`LocalBroker` with three more listeners on free 127.0.0.1 ports, for the security tests:
+
+    - ``SASL_PLAINTEXT`` and ``SASL_SSL``: SCRAM-SHA-512; users are added after start with
+      :meth:`add_scram_user` (Admin API, through the PLAINTEXT listener);
+    - ``SSL``: TLS with client certificates required (mTLS), signed by ``certificates.ca``.
+
+    PLAINTEXT stays the inter-broker listener (and the one the readiness probe and :meth:`add_scram_user` use),
+    so no SCRAM user has to exist before start. The certificates (:mod:`dev.kafka.certificates`) are made in
+    ``work_dir/certs`` unless ``certificates`` is given; the broker's certificate is for 127.0.0.1 and localhost.
+    """
+
+    LISTENERS = ("SASL_PLAINTEXT", "SASL_SSL", "SSL")
+    MECHANISM = "SCRAM-SHA-512"
+
+    def __init__(
+        self,
+        work_dir: Path,
+        port: int | None = None,
+        controller_port: int | None = None,
+        *,
+        certificates: Certificates | None = None,
+        libs_dir: Path | None = None,
+        jvm_opts: Sequence[str] | None = None,
+        properties: Mapping[str, str] | None = None,
+    ) -> None:
+        self.secured_ports: dict[str, int] = {}  # set by _set_ports, called by LocalServer.__init__
+        super().__init__(work_dir, port, controller_port, libs_dir=libs_dir, jvm_opts=jvm_opts, properties=properties)
+        self._certificates = certificates
+
+    def _set_ports(self, port: int, second_port: int) -> None:
+        super()._set_ports(port, second_port)
+        # Picked again with the others when one of them turns out to be taken (a retried start).
+        taken = {port, second_port}
+        spare = [p for p in free_ports(len(self.LISTENERS) + 2) if p not in taken]
+        self.secured_ports = dict(zip(self.LISTENERS, spare, strict=False))
+
+    @property
+    def certificates(self) -> Certificates:
+        if self._certificates is None:
+            self._certificates = make_certificates(self.work_dir / "certs")
+        return self._certificates
+
+    def bootstrap(self, listener: str) -> str:
+        """The bootstrap servers of one listener: ``PLAINTEXT`` or one of :attr:`LISTENERS`."""
+        if listener == "PLAINTEXT":
+            return self.bootstrap_servers
+        return f"127.0.0.1:{self.secured_ports[listener]}"
+
+    def server_properties(self) -> str:
+        certs = self.certificates
+        listeners = ",".join(f"{name}://127.0.0.1:{port}" for name, port in self.secured_ports.items())
+        jaas = "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+        secured = {
+            "listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port},"
+            + listeners,
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port},"
+            + listeners,
+            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,"
+            + ",".join(f"{name}:{name}" for name in self.LISTENERS),
+            "sasl.enabled.mechanisms": self.MECHANISM,
+            "listener.name.sasl_plaintext.scram-sha-512.sasl.jaas.config": jaas,
+            "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config": jaas,
+            "ssl.keystore.type": "PEM",
+            "ssl.keystore.location": str(certs.broker_keystore),
+            "ssl.truststore.type": "PEM",
+            "ssl.truststore.location": str(certs.ca),
+            "listener.name.ssl.ssl.client.auth": "required",
+        }
+        base = super().server_properties()
+        kept = [line for line in base.splitlines(keepends=True) if line.split("=", 1)[0] not in secured]
+        return "".join(kept) + "".join(f"{k}={v}\n" for k, v in secured.items())
+
+    def add_scram_user(self, user: str, password: str, timeout: float = 30) -> None:
+        """Create (or update) a SCRAM-SHA-512 user, then wait until the SASL_PLAINTEXT listener accepts it."""
+        admin = _admin(self.bootstrap_servers)
+        credential = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 4096)
+        futures = admin.alter_user_scram_credentials(
+            [UserScramCredentialUpsertion(user, credential, password.encode())], request_timeout=timeout
+        )
+        for future in futures.values():
+            future.result(timeout=timeout)
+        # The credential reaches the broker's SCRAM cache through the metadata log: wait for it.
+        settings = {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": self.MECHANISM}
+        settings.update({"sasl.username": user, "sasl.password": password})
+        deadline = time.monotonic() + timeout
+        while not _answers(self.bootstrap("SASL_PLAINTEXT"), 2.0, settings):
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"SCRAM user {user!r} not accepted by {self.bootstrap('SASL_PLAINTEXT')}")
+            time.sleep(0.2)
 
 
 # ------------------------------------------------------------------------- topics

@@ -10,10 +10,17 @@ import os
 import tomllib
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
+from kafka2delta.config.secret_files import (
+    MAPPING_KEYS,
+    ConfigPath,
+    environment_file_key,
+    read_key_files,
+    secrets_dir_variables,
+)
 from kafka2delta.config.sections import (
     ENV_PREFIX,
     MASK,
@@ -74,13 +81,21 @@ def load_config(path: str | Path | None, environ: Mapping[str, str] | None = Non
             raise ConfigError("--config", f"{path} is not valid TOML: {exc}") from exc
     sources: dict[str, str] = {}
     environ = os.environ if environ is None else environ
-    _apply_environment(raw, environ, sources)
-    config = _build(raw, sources)
+    from_files: set[ConfigPath] = set()
+    file_variables = secrets_dir_variables(environ)
+    _apply_environment(raw, {**environ, **file_variables}, sources, from_files, file_variables.keys())
+    config = _build(raw, sources, from_files)
     validate_storage_options(config, environ, sources)
     return config
 
 
-def _apply_environment(raw: dict[str, Any], environ: Mapping[str, str], sources: dict[str, str]) -> None:
+def _apply_environment(
+    raw: dict[str, Any],
+    environ: Mapping[str, str],
+    sources: dict[str, str],
+    from_files: set[ConfigPath],
+    file_variables: Collection[str],
+) -> None:
     transforms_variable = f"{ENV_PREFIX}{_TRANSFORMS.upper()}"
     if transforms_variable in environ:
         raw[_TRANSFORMS] = _json_object(_TRANSFORMS, transforms_variable, environ[transforms_variable])
@@ -98,10 +113,12 @@ def _apply_environment(raw: dict[str, Any], environ: Mapping[str, str], sources:
             continue  # K2D_TEST_* and friends are not config
         value: Any = environ[variable]
         dotted = f"{section}.{key}"
-        if len(parts) == 3 and key in ("settings", "storage_options", "conf"):
-            sub = parts[2].replace("_", ".") if key == "settings" else variable.split("__", 2)[2]
+        if len(parts) == 3 and key in MAPPING_KEYS:
+            sub = environment_file_key(key, variable.split("__", 2)[2])
             raw.setdefault(section, {}).setdefault(key, {})[sub] = value
             sources[f"{dotted}.{sub}"] = variable
+            if variable in file_variables:
+                from_files.add((section, key, sub))
             continue
         if len(parts) != 2:
             raise ConfigError(variable, "expected K2D_<SECTION>__<KEY> (or __<SUBKEY> for settings/storage_options)")
@@ -109,6 +126,8 @@ def _apply_environment(raw: dict[str, Any], environ: Mapping[str, str], sources:
             value = _json_object(dotted, variable, value)
         raw.setdefault(section, {})[key] = value
         sources[dotted] = variable
+        if variable in file_variables:
+            from_files.add((section, key))
 
 
 # Mappings whose keys are column names (any case, dots allowed): from the environment as one JSON object.
@@ -135,7 +154,7 @@ def _json_object(key: str, variable: str, text: str) -> dict[str, Any]:
     return value
 
 
-def _build(raw: dict[str, Any], sources: dict[str, str]) -> Config:
+def _build(raw: dict[str, Any], sources: dict[str, str], from_files: set[ConfigPath]) -> Config:
     for section in raw:
         if section not in SECTIONS and section not in (_TRANSFORMS, _ROUTES):
             raise ConfigError(section, f"unknown section (known: {', '.join([*SECTIONS, _TRANSFORMS, _ROUTES])})")
@@ -147,8 +166,9 @@ def _build(raw: dict[str, Any], sources: dict[str, str]) -> Config:
         values = raw.get(section, {})
         if not isinstance(values, dict):
             raise ConfigError(section, "expected a table")
+        read_key_files(section, cls, values, sources, from_files)
         built[section] = _build_section(section, cls, values, sources)
-    config = Config(**built)
+    config = Config(**built, from_files=frozenset(from_files))
     validate(config)
     return config
 

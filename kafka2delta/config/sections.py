@@ -210,10 +210,14 @@ class FormatConfig:
 
 @dataclass(frozen=True)
 class SchemaRegistryConfig:
-    """``[schema_registry]``: a registry speaking the Confluent REST API."""
+    """``[schema_registry]``: where the writer schemas of registry-framed payloads come from."""
 
+    type: Literal["confluent", "glue"] = "confluent"
+    """``confluent``: a registry speaking the Confluent REST API at ``url`` (payloads in the Confluent wire
+    format). ``glue``: the AWS Glue Schema Registry through boto3 (Avro or JSON payloads in Glue's wire format;
+    the ``glue`` extra; credentials from the usual AWS chain)."""
     url: str = ""
-    """Base URL, e.g. ``http://registry:8081`` (Apicurio: ``http://host:8080/apis/ccompat/v7``)."""
+    """``confluent``: base URL, e.g. ``http://registry:8081`` (Apicurio: ``http://host:8080/apis/ccompat/v7``)."""
     username: str = ""
     """Basic-auth user (empty: no authentication)."""
     password: str = ""
@@ -222,6 +226,15 @@ class SchemaRegistryConfig:
     """Timeout of one registry request, seconds. A registry that does not answer is retried with backoff."""
     cache_size: int = 1000
     """Schemas kept in memory by id (a schema id never changes its schema, so entries never expire)."""
+    region: str = ""
+    """``glue``: the AWS region of the registry (empty: the AWS chain's, e.g. ``AWS_REGION``)."""
+    endpoint_url: str = ""
+    """``glue``: another endpoint for the Glue API (a VPC endpoint, a local test double); empty: AWS's own."""
+
+    @property
+    def enabled(self) -> bool:
+        """A registry is configured (a Confluent URL, or Glue)."""
+        return self.type == "glue" or bool(self.url)
 
 
 @dataclass(frozen=True)
@@ -371,6 +384,9 @@ class Config:
     routes: tuple[RouteConfig, ...] = ()
     """``[[routes]]``, in the order written (the first matching a topic wins)."""
     routing: RoutingConfig = field(default_factory=RoutingConfig)
+    from_files: frozenset[tuple[str, ...]] = frozenset()
+    """Where the values read from files sit (``("kafka", "settings", "sasl.password")`` …): secrets, whatever
+    their key's name (README "Secrets from files")."""
 
     @property
     def app_id(self) -> str:
@@ -409,7 +425,9 @@ class Config:
         secrets += [v for k, v in self.spark.conf.items() if is_secret_key(k) and v]
         if self.schema_registry.password:
             secrets.append(self.schema_registry.password)
-        return secrets
+        data = dataclasses.asdict(self)
+        secrets += [value for path in sorted(self.from_files) if (value := _at(data, path))]
+        return list(dict.fromkeys(secrets))
 
     def summary(self) -> list[str]:
         """The settings that matter, one readable line per concern, secrets masked (logged at start)."""
@@ -418,7 +436,10 @@ class Config:
             f"topic {kafka.topic}" if kafka.topic else f"topics {', '.join(kafka.topics) or kafka.topic_pattern}"
         )
         registry = _without_credentials(self.schema_registry.url) if self.schema_registry.url else "none"
-        dead_letters = self.dead_letter_table_uri + (
+        if self.schema_registry.type == "glue":
+            glue = self.schema_registry
+            registry = f"glue ({', '.join(filter(None, [glue.region, glue.endpoint_url])) or 'AWS defaults'})"
+        dead_letters = _without_credentials(self.dead_letter_table_uri) + (
             f", topic {self.dead_letters.topic}" if self.dead_letters.topic else ""
         )
         return [
@@ -459,7 +480,20 @@ class Config:
         data["spark"]["conf"] = mask(self.spark.conf)
         if self.schema_registry.password:
             data["schema_registry"]["password"] = MASK
+        for *parents, key in self.from_files:
+            holder = data
+            for part in parents:
+                holder = holder[part]
+            holder[key] = MASK
         return data
+
+
+def _at(data: Mapping[str, Any], path: tuple[str, ...]) -> str:
+    """The string at ``path`` in the dict form of a config."""
+    value: Any = data
+    for part in path:
+        value = value[part]
+    return str(value)
 
 
 def _without_credentials(uri: str) -> str:

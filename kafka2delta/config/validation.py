@@ -109,13 +109,14 @@ def _validate_format(config: Config) -> None:
     fmt, registry = config.format, config.schema_registry
     if registry.url and not re.match(r"https?://", registry.url):
         raise ConfigError("schema_registry.url", f"expected an http:// or https:// URL, got {registry.url!r}")
-    if fmt.type == "avro" and not (registry.url or fmt.avro_schema_file):
+    _validate_glue(config)
+    if fmt.type == "avro" and not (registry.enabled or fmt.avro_schema_file):
         raise ConfigError(
             "format.type", "avro needs schema_registry.url (Confluent wire format) or format.avro_schema_file"
         )
     if fmt.type == "protobuf" and not registry.url:
         raise ConfigError("format.type", "protobuf needs schema_registry.url (Confluent wire format)")
-    if fmt.key == "avro" and not registry.url:
+    if fmt.key == "avro" and not registry.enabled:
         raise ConfigError("format.key", "avro keys need schema_registry.url")
     if fmt.gzip and fmt.type not in ("json", "raw"):
         raise ConfigError("format.gzip", f"gzip applies to json and raw payloads, not {fmt.type}")
@@ -123,6 +124,36 @@ def _validate_format(config: Config) -> None:
         raise ConfigError("format.avro_schema_file", f"is only used with format.type = 'avro', not {fmt.type!r}")
     if registry.password and not registry.username:
         raise ConfigError("schema_registry.username", "is required when schema_registry.password is set")
+
+
+def _validate_glue(config: Config) -> None:
+    """``schema_registry.type = "glue"``: Glue's keys only, and a format it can serve (Avro or JSON values in
+    Glue's wire format)."""
+    fmt, registry = config.format, config.schema_registry
+    if registry.type != "glue":
+        for key in ("region", "endpoint_url"):
+            if getattr(registry, key):
+                raise ConfigError(f"schema_registry.{key}", "is only used with schema_registry.type = 'glue'")
+        return
+    for key in ("url", "username", "password"):
+        if getattr(registry, key):
+            raise ConfigError(
+                f"schema_registry.{key}",
+                "is for a Confluent registry; Glue is reached through boto3 (region, endpoint_url, AWS credentials)",
+            )
+    if registry.endpoint_url and not re.match(r"https?://", registry.endpoint_url):
+        raise ConfigError(
+            "schema_registry.endpoint_url", f"expected an http:// or https:// URL, got {registry.endpoint_url!r}"
+        )
+    if fmt.type == "protobuf":
+        raise ConfigError("format.type", "protobuf in Glue's wire format is not supported (avro and json are)")
+    if fmt.type == "raw" and fmt.key != "avro":
+        raise ConfigError(
+            "schema_registry.type",
+            f"'glue' decodes avro and json values and avro keys: raw values with format.key = {fmt.key!r} use none",
+        )
+    if fmt.gzip and fmt.type == "json":
+        raise ConfigError("format.gzip", "Glue's wire format says itself whether a payload is compressed (zlib)")
 
 
 CHANGE_COLUMN_NAMES = ("op", "source_ts", "lsn")

@@ -29,10 +29,13 @@ Formats:
 * ``json``: one JSON object per message; Arrow's JSON reader in one call per clean batch, bad
   messages found by bisection; the reference lane is orjson (the standard ``json`` module when orjson
   is absent, and for payloads with integers beyond 64 bits, which orjson would turn into floats).
-* ``avro``: Confluent wire format through the registry (writer schema by id, optional reader schema
-  file), or bare datums written with ``format.avro_schema_file``; :func:`avro_to_arrow` gives the types.
+* ``avro``: a registry's wire format, Confluent's or AWS Glue's (``framing``: writer schema by id or
+  schema version UUID, optional reader schema file), or bare datums written with
+  ``format.avro_schema_file``; :func:`avro_to_arrow` gives the types.
 * ``protobuf``: Confluent wire format through the registry; the ``.proto`` text is compiled by protoc
   (bundled in ``grpcio-tools``) once per schema id; :func:`protobuf_to_arrow` gives the types.
+* ``json`` with the Glue registry (``glue_json``): JSON text behind Glue's header, each schema version
+  checked in Glue, then the JSON lane.
 * ``raw``: the payload as one column (UTF-8 text or bytes).
 """
 
@@ -41,6 +44,7 @@ from __future__ import annotations
 from kafka2delta.config import FormatConfig
 from kafka2delta.errors import ConfigError
 from kafka2delta.registry import SchemaRegistry
+from kafka2delta.registry_glue import GlueRegistry
 from kafka2delta.serialization.avro import (
     MAX_AVRO_DEPTH,
     AvroCodec,
@@ -60,6 +64,8 @@ from kafka2delta.serialization.base import (
     split_confluent,
     utf8_reason,
 )
+from kafka2delta.serialization.framing import ConfluentFraming, Framing, GlueFraming, split_glue
+from kafka2delta.serialization.glue_json import GlueJsonDeserializer
 from kafka2delta.serialization.json import JsonDeserializer, json_readable, parse_json, parse_json_object
 from kafka2delta.serialization.protobuf import (
     ProtobufCodec,
@@ -78,6 +84,8 @@ __all__ = [
     "AvroSchema",
     "Decoded",
     "Deserializer",
+    "Framing",
+    "GlueJsonDeserializer",
     "JsonDeserializer",
     "ProtobufDeserializer",
     "RawDeserializer",
@@ -93,14 +101,20 @@ __all__ = [
     "protobuf_to_arrow",
     "read_message_indexes",
     "split_confluent",
+    "split_glue",
 ]
 
+Registry = SchemaRegistry | GlueRegistry
+"""The registry edge a deserializer is given: a Confluent-API one or AWS Glue's (each implies its wire format)."""
 
-def build_deserializer(format: FormatConfig, registry: SchemaRegistry | None, topic: str) -> Deserializer:
+
+def build_deserializer(format: FormatConfig, registry: Registry | None, topic: str) -> Deserializer:
     """The deserializer for ``[format]``; ConfigError when the configuration cannot work
     (an unreadable ``avro_schema_file``, protobuf or Avro keys without a registry)."""
     keys = build_key_decoder(format, registry)
     if format.type == "json":
+        if isinstance(registry, GlueRegistry):  # JSON (Schema) values in Glue's wire format
+            return GlueJsonDeserializer(JsonDeserializer(keys), registry)
         return JsonDeserializer(keys, gzip=format.gzip)
     if format.type == "raw":
         return RawDeserializer(keys, column=format.raw_column, gzip=format.gzip)
@@ -108,15 +122,15 @@ def build_deserializer(format: FormatConfig, registry: SchemaRegistry | None, to
         reader = load_avro_schema_file(format.avro_schema_file) if format.avro_schema_file else None
         if registry is None and reader is None:
             raise ConfigError("format.type", "avro needs schema_registry.url or format.avro_schema_file")
-        return AvroDeserializer(keys, AvroCodec(registry, reader), topic=topic)
+        return AvroDeserializer(keys, AvroCodec(framing_of(registry), reader), topic=topic)
     if format.type == "protobuf":
-        if registry is None:
+        if registry is None or isinstance(registry, GlueRegistry):
             raise ConfigError("format.type", "protobuf needs schema_registry.url (Confluent wire format)")
         return ProtobufDeserializer(keys, ProtobufCodec(registry), topic=topic)
     raise ConfigError("format.type", f"unknown format {format.type!r}")
 
 
-def build_key_decoder(format: FormatConfig, registry: SchemaRegistry | None) -> KeyDecoder | None:
+def build_key_decoder(format: FormatConfig, registry: Registry | None) -> KeyDecoder | None:
     """The decoder of ``format.key`` (None for ``none``)."""
     if format.key == "none":
         return None
@@ -127,9 +141,18 @@ def build_key_decoder(format: FormatConfig, registry: SchemaRegistry | None) -> 
     if format.key == "avro":
         if registry is None:
             raise ConfigError("format.key", "avro keys need schema_registry.url")
-        codec = AvroCodec(registry, None)
+        codec = AvroCodec(framing_of(registry), None)
         return codec.read_any
     raise ConfigError("format.key", f"unknown key format {format.key!r}")
+
+
+def framing_of(registry: Registry | None) -> Framing | None:
+    """The wire format that goes with ``registry`` (None: bare datums)."""
+    if registry is None:
+        return None
+    if isinstance(registry, GlueRegistry):
+        return GlueFraming(registry)
+    return ConfluentFraming(registry)
 
 
 def _string_key(raw: bytes) -> str:

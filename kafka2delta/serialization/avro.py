@@ -1,6 +1,6 @@
-"""Avro payloads (``format.type = "avro"``): Confluent wire format through the schema registry
-(writer schema by id, optional reader schema file), or bare datums written with
-``format.avro_schema_file``. :func:`avro_to_arrow` gives the Arrow types; fastavro decodes.
+"""Avro payloads (``format.type = "avro"``): a registry's wire format (Confluent's or AWS Glue's, see
+:mod:`~kafka2delta.serialization.framing`: writer schema by id, optional reader schema file), or bare datums
+written with ``format.avro_schema_file``. :func:`avro_to_arrow` gives the Arrow types; fastavro decodes.
 """
 
 from __future__ import annotations
@@ -24,9 +24,8 @@ from fastavro.schema import SchemaParseException
 
 from kafka2delta.errors import ConfigError
 from kafka2delta.records import PartitionMessages
-from kafka2delta.registry import RegisteredSchema, SchemaRegistry
+from kafka2delta.registry import RegisteredSchema
 from kafka2delta.serialization.base import (
-    CONFLUENT_HEADER_BYTES,
     MAX_DOCUMENT_DEPTH,
     OBJECT_ADDRESS,
     BaseDeserializer,
@@ -34,8 +33,8 @@ from kafka2delta.serialization.base import (
     KeyDecoder,
     decode_error,
     document_depth,
-    split_confluent,
 )
+from kafka2delta.serialization.framing import Framing
 from kafka2delta.serialization.typed import BrokenSchema, Convert, Shape, grouped_decode, remember_schema
 
 # fastavro reports a malformed schema ({"type": "array"} without items, null …) as KeyError/TypeError too.
@@ -272,9 +271,9 @@ MAX_AVRO_DEPTH = MAX_DOCUMENT_DEPTH
 
 
 class AvroCodec:
-    """Reads Avro datums: Confluent-framed through the registry, or bare with the schema file."""
+    """Reads Avro datums: framed (Confluent or Glue) through their registry, or bare with the schema file."""
 
-    def __init__(self, registry: SchemaRegistry | None, reader: AvroSchema | None) -> None:
+    def __init__(self, registry: Framing | None, reader: AvroSchema | None) -> None:
         self._registry = registry
         self._reader = reader
         self._reader_shape = reader.shape() if reader is not None else None
@@ -292,12 +291,12 @@ class AvroCodec:
             )
         self._writers: dict[int, _AvroWriter | BrokenSchema] = {}
 
-    def writer(self, payload: bytes) -> tuple[int, int, _AvroWriter]:
-        """(schema id, offset of the datum, writer) of a payload."""
+    def writer(self, payload: bytes) -> tuple[int, bytes, int, _AvroWriter]:
+        """(schema id, the bytes holding the datum, where in them it starts, writer) of a payload."""
         if self._registry is None:
             assert self._bare is not None
-            return 0, 0, self._bare
-        schema_id = split_confluent(payload)
+            return 0, payload, 0, self._bare
+        schema_id, data, offset = self._registry.unframe(payload)
         writer = self._writers.get(schema_id)
         if writer is None:
             # A registry outage (RetryableError) or an unknown id (MessageError, remembered by the
@@ -305,18 +304,18 @@ class AvroCodec:
             writer = remember_schema(self._writers, schema_id, self._load(self._registry, schema_id))
         if isinstance(writer, BrokenSchema):
             raise decode_error(writer.reason)
-        return schema_id, CONFLUENT_HEADER_BYTES, writer
+        return schema_id, data, offset, writer
 
-    def _load(self, registry: SchemaRegistry, schema_id: int) -> _AvroWriter | BrokenSchema:
+    def _load(self, registry: Framing, schema_id: int) -> _AvroWriter | BrokenSchema:
         registered = registry.schema(schema_id)
         if registered.schema_type != "AVRO":
-            return BrokenSchema(f"schema id {schema_id} is a {registered.schema_type} schema, not AVRO")
+            return BrokenSchema(f"{registry.describe(schema_id)} is a {registered.schema_type} schema, not AVRO")
         named: dict[str, Any] = {}
         try:
             self._load_references(registry, registered, named, set())
             writer = AvroSchema.parse(json.loads(registered.schema), named)
         except _AVRO_SCHEMA_ERRORS as exc:
-            return BrokenSchema(f"schema id {schema_id} is not a valid Avro schema: {exc!r}")
+            return BrokenSchema(f"{registry.describe(schema_id)} is not a valid Avro schema: {exc!r}")
         if self._reader is None or self._reader_shape is None:
             parsed = writer.parsed
             return _AvroWriter(parsed, None, writer.shape(), _is_record(parsed), _kind(parsed), writer.recursive)
@@ -327,7 +326,7 @@ class AvroCodec:
         return _AvroWriter(writer.parsed, resolve_to, self._reader_shape, _is_record(reader), _kind(reader), recursive)
 
     def _load_references(
-        self, registry: SchemaRegistry, schema: RegisteredSchema, named: dict[str, Any], seen: set[tuple[str, int]]
+        self, registry: Framing, schema: RegisteredSchema, named: dict[str, Any], seen: set[tuple[str, int]]
     ) -> None:
         """Named types defined in referenced subjects, parsed before the schema that uses them."""
         for reference in schema.references:
@@ -341,8 +340,8 @@ class AvroCodec:
 
     def read(self, payload: bytes) -> tuple[int, _AvroWriter, Any]:
         """(schema id, writer, decoded value with fixes applied)."""
-        schema_id, offset, writer = self.writer(payload)
-        stream = io.BytesIO(payload)
+        schema_id, data, offset, writer = self.writer(payload)
+        stream = io.BytesIO(data)
         stream.seek(offset)
         try:
             if writer.recursive:
@@ -357,9 +356,9 @@ class AvroCodec:
         except RecursionError as exc:
             raise decode_error(f"the Avro value is nested deeper than {MAX_AVRO_DEPTH} levels") from exc
         except _AVRO_ERRORS as exc:
-            raise decode_error(_avro_reason(exc, len(payload) - offset)) from exc
-        if stream.tell() != len(payload):
-            raise decode_error(f"{len(payload) - stream.tell()} trailing bytes after the Avro datum")
+            raise decode_error(_avro_reason(exc, len(data) - offset)) from exc
+        if stream.tell() != len(data):
+            raise decode_error(f"{len(data) - stream.tell()} trailing bytes after the Avro datum")
         if writer.shape.fix is not None:
             value = writer.shape.fix(value)
         return schema_id, writer, value

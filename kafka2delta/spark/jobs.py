@@ -30,6 +30,7 @@ from kafka2delta.config import Config
 from kafka2delta.coordinator import Coordinator, CoordinatorError
 from kafka2delta.errors import ConfigError, Kafka2DeltaError
 from kafka2delta.spark.errors import ConflictingCommit, SourceSchemaChanged, SparkJobError, translate
+from kafka2delta.spark.kafka_source import kafka_source_options
 from kafka2delta.spark.mutations import (
     GROUP_STRIDE,
     BatchResult,
@@ -378,13 +379,11 @@ class StreamingJob(TurnJob[JobStats]):
         jobs, kafka = self.config.jobs, self.config.kafka
         reader = (
             self.session.readStream.format("kafka")
-            .option("kafka.bootstrap.servers", kafka.bootstrap_servers)
+            .options(**kafka_source_options(kafka.bootstrap_servers, kafka.settings))  # librdkafka's, in Java
             .option("subscribe", self.topic)
             .option("startingOffsets", jobs.starting_offsets)
             .option("maxOffsetsPerTrigger", str(jobs.max_requests_per_batch))
         )
-        for key, value in kafka.settings.items():
-            reader = reader.option(f"kafka.{key}", value)
         query = (
             reader.load()
             .selectExpr("partition", "offset", "value")

@@ -1,0 +1,208 @@
+"""The AWS Glue Schema Registry edge: fetch writer schemas by schema version id through boto3.
+
+Only this module talks to Glue (``glue.get_schema_version(SchemaVersionId=…)``, one read-only call). boto3 is
+an optional dependency (``pip install 'kafka2delta[glue]'``): without it, building a :class:`GlueRegistry` is a
+:class:`ConfigError` naming ``schema_registry.type``. Credentials come from the usual AWS chain (environment,
+shared profile, container or instance role); the region from ``schema_registry.region`` or that chain.
+
+Errors are translated here, once, as :mod:`kafka2delta.registry` does for the Confluent API:
+
+* ``EntityNotFoundException`` (and ``InvalidInputException``: Glue refusing the id itself) →
+  :class:`MessageError` (stage ``deserialize``): the message names a schema version the registry does not
+  have, so it is a dead letter. The answer is remembered for :data:`NEGATIVE_TTL_S` seconds so a burst of
+  messages naming an unknown version costs one request.
+* Connection refused, timeouts, a dropped connection, throttling and HTTP 5xx (``InternalServiceException``
+  …) → :class:`RetryableError` (the daemon backs off and retries; offsets do not advance). botocore's own
+  retries are off: the daemon's backoff is the one retry policy.
+* Refused or missing credentials (``AccessDeniedException``, ``UnrecognizedClientException``, an expired
+  token, none found) → :class:`FatalError`; any other Glue error → :class:`FatalError` naming
+  ``schema_registry.type`` with Glue's error code.
+
+Schemas are cached by version id (LRU, ``cache_size`` entries, never expiring: a schema version never
+changes its definition).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any, cast
+
+from kafka2delta.config import SchemaRegistryConfig
+from kafka2delta.errors import ConfigError, FatalError, MessageError, RetryableError
+from kafka2delta.registry import NEGATIVE_TTL_S, RegisteredSchema, SchemaType
+
+_SCHEMA_TYPES = ("AVRO", "PROTOBUF", "JSON")
+_NOT_FOUND_CODES = frozenset({"EntityNotFoundException", "InvalidInputException"})
+_THROTTLING_CODES = frozenset(
+    {
+        "ThrottlingException",
+        "Throttling",
+        "TooManyRequestsException",
+        "RequestLimitExceeded",
+        "RequestThrottled",
+        "RequestThrottledException",
+        "SlowDown",
+        "ServiceUnavailable",
+        "ServiceUnavailableException",
+        "InternalServiceException",
+        "InternalFailure",
+        "RequestTimeout",
+        "RequestTimeoutException",
+    }
+)
+_CREDENTIAL_CODES = frozenset(
+    {
+        "AccessDeniedException",
+        "AccessDenied",
+        "UnrecognizedClientException",
+        "InvalidClientTokenId",
+        "InvalidSignatureException",
+        "SignatureDoesNotMatch",
+        "ExpiredToken",
+        "ExpiredTokenException",
+        "MissingAuthenticationToken",
+    }
+)
+
+
+class GlueRegistry:
+    """A small caching reader of the AWS Glue Schema Registry (``GetSchemaVersion`` by version id).
+
+    ``client`` is a boto3 Glue client to use instead of building one from ``config`` (tests stub it).
+    """
+
+    def __init__(
+        self,
+        config: SchemaRegistryConfig,
+        *,
+        client: Any = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        try:
+            import botocore.exceptions
+        except ImportError as exc:
+            raise ConfigError("schema_registry.type", "'glue' needs boto3: pip install 'kafka2delta[glue]'") from exc
+        self._botocore = botocore.exceptions
+        self._client = client if client is not None else _glue_client(config)
+        self.where = f"Glue schema registry at {config.endpoint_url}" if config.endpoint_url else "Glue schema registry"
+        """How errors and logs name the registry."""
+        self._cache_size = config.cache_size
+        self._clock = clock
+        self._by_version: OrderedDict[uuid.UUID, RegisteredSchema] = OrderedDict()
+        self._missing: OrderedDict[uuid.UUID, tuple[float, str]] = OrderedDict()
+        self._lock = threading.Lock()
+        self.requests = 0
+        """GetSchemaVersion calls made so far (for tests and metrics)."""
+
+    def schema_version(self, version_id: uuid.UUID) -> RegisteredSchema:
+        """The schema version ``version_id``; MessageError if the registry does not have it."""
+        with self._lock:
+            cached = self._by_version.get(version_id)
+            if cached is not None:
+                self._by_version.move_to_end(version_id)
+                return cached
+            missing = self._missing.get(version_id)
+            if missing is not None:
+                expires, reason = missing
+                if self._clock() < expires:
+                    raise MessageError("deserialize", reason)
+                del self._missing[version_id]
+        self.requests += 1
+        try:
+            answer = self._client.get_schema_version(SchemaVersionId=str(version_id))
+        except self._botocore.ClientError as exc:
+            raise self._translate(exc, version_id) from exc
+        except (self._botocore.ConnectionError, self._botocore.HTTPClientError) as exc:
+            # Refused, a connect or read timeout, a dropped connection: the registry may be back soon.
+            raise RetryableError(f"{self.where} is unreachable: {exc}") from exc
+        except (self._botocore.NoCredentialsError, self._botocore.PartialCredentialsError) as exc:
+            raise FatalError(f"schema_registry.type: the {self.where} needs AWS credentials: {exc}") from exc
+        except self._botocore.CredentialRetrievalError as exc:
+            raise RetryableError(f"{self.where}: AWS credentials could not be fetched: {exc}") from exc
+        except self._botocore.BotoCoreError as exc:
+            raise FatalError(f"schema_registry.type: GetSchemaVersion on the {self.where} failed: {exc!r}") from exc
+        found = self._parse(cast(dict[str, Any], answer), version_id)
+        with self._lock:
+            self._by_version[version_id] = found
+            self._by_version.move_to_end(version_id)
+            while len(self._by_version) > self._cache_size:
+                self._by_version.popitem(last=False)
+        return found
+
+    def _translate(self, exc: Any, version_id: uuid.UUID) -> Exception:
+        error = exc.response.get("Error", {})
+        code = str(error.get("Code", ""))
+        message = str(error.get("Message", ""))[:200]
+        status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+        if code in _NOT_FOUND_CODES:
+            reason = f"schema version {version_id} is not in the Glue schema registry"
+            if code != "EntityNotFoundException":
+                reason = f"the Glue schema registry refused schema version {version_id} ({code}: {message})"
+            with self._lock:
+                self._missing[version_id] = (self._clock() + NEGATIVE_TTL_S, reason)
+                self._missing.move_to_end(version_id)
+                while len(self._missing) > self._cache_size:
+                    self._missing.popitem(last=False)
+            return MessageError("deserialize", reason)
+        if code in _THROTTLING_CODES or status == 429 or status >= 500:
+            return RetryableError(f"{self.where} answered {code or 'an error'} (HTTP {status}) to GetSchemaVersion")
+        if code in _CREDENTIAL_CODES or status in (401, 403):
+            return FatalError(
+                f"schema_registry.type: the {self.where} refused the AWS credentials ({code}: {message}); "
+                "they need glue:GetSchemaVersion"
+            )
+        return FatalError(f"schema_registry.type: the {self.where} answered {code} (HTTP {status}): {message}")
+
+    def _parse(self, answer: dict[str, Any], version_id: uuid.UUID) -> RegisteredSchema:
+        text = answer.get("SchemaDefinition")
+        schema_type = answer.get("DataFormat")
+        number = answer.get("VersionNumber", 0)
+        if not isinstance(text, str) or schema_type not in _SCHEMA_TYPES or not isinstance(number, int):
+            raise FatalError(
+                f"schema_registry.type: the {self.where} answered something that is not a schema "
+                f"for schema version {version_id}"
+            )
+        return RegisteredSchema(number, cast(SchemaType, schema_type), text)
+
+
+_SESSION: Any = None
+"""One boto3 session for the process: the Glue service model is loaded once, however many pipelines are built."""
+_SESSION_LOCK = threading.Lock()
+
+
+def _glue_client(config: SchemaRegistryConfig) -> Any:
+    """A boto3 Glue client for ``config`` (no network call: credentials are resolved on first use)."""
+    try:
+        import boto3
+        import botocore.config
+        import botocore.exceptions
+    except ImportError as exc:  # botocore without boto3
+        raise ConfigError("schema_registry.type", "'glue' needs boto3: pip install 'kafka2delta[glue]'") from exc
+    settings = botocore.config.Config(
+        connect_timeout=config.timeout_s,
+        read_timeout=config.timeout_s,
+        retries={"total_max_attempts": 1},  # the daemon backs off and retries itself
+        user_agent_extra="kafka2delta",
+    )
+    global _SESSION
+    with _SESSION_LOCK:
+        if _SESSION is None:
+            _SESSION = boto3.session.Session()
+        session = _SESSION
+    try:
+        return session.client(
+            "glue",
+            region_name=config.region or None,
+            endpoint_url=config.endpoint_url or None,
+            config=settings,
+        )
+    except botocore.exceptions.NoRegionError as exc:
+        raise ConfigError(
+            "schema_registry.region", "no AWS region: set it here or in the environment (AWS_REGION)"
+        ) from exc
+    except (ValueError, botocore.exceptions.BotoCoreError) as exc:
+        raise ConfigError("schema_registry.endpoint_url", f"boto3 refused the Glue client: {exc}") from exc

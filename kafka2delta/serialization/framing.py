@@ -1,0 +1,138 @@
+"""How a registry-framed payload names its writer schema, paired with the registry that resolves the name.
+
+Two wire formats, one :class:`Framing` protocol the Avro lane reads through:
+
+* Confluent (:class:`ConfluentFraming`): byte 0 is ``0``, bytes 1-4 the schema id (big-endian), then the
+  datum. The id is looked up in a Confluent-API registry (:class:`kafka2delta.registry.SchemaRegistry`).
+* AWS Glue (:class:`GlueFraming`, AWS's serde library): byte 0 is the header version ``3``, byte 1 the
+  compression (``0`` none, ``5`` zlib), bytes 2-17 the schema version UUID, then the datum (zlib-compressed
+  with ``5``). The UUID is looked up with ``GetSchemaVersion`` (:class:`kafka2delta.registry_glue.GlueRegistry`).
+
+A writer schema is named by an ``int`` either way (a Glue UUID is read as its 128-bit integer), so the
+caches and batch groups keyed by schema id serve both; :meth:`Framing.describe` names it in reasons.
+A header that is not the wire format's, a compression byte it does not define, truncated bytes, and a zlib
+stream that is corrupt or inflates beyond :data:`MAX_DECOMPRESSED_BYTES` are :class:`MessageError`
+(stage ``deserialize``): dead letters.
+"""
+
+from __future__ import annotations
+
+import uuid
+import zlib
+from typing import Protocol
+
+from kafka2delta.registry import RegisteredSchema, SchemaRegistry
+from kafka2delta.serialization.base import (
+    CONFLUENT_HEADER_BYTES,
+    MAX_DECOMPRESSED_BYTES,
+    decode_error,
+    hex_bytes,
+    split_confluent,
+)
+
+GLUE_HEADER_VERSION = 3
+GLUE_COMPRESSION_NONE = 0
+GLUE_COMPRESSION_ZLIB = 5
+GLUE_HEADER_BYTES = 18  # header version, compression, 16-byte schema version UUID
+
+
+class Framing(Protocol):
+    """A wire format and its registry, as the Avro lane needs them."""
+
+    def unframe(self, payload: bytes) -> tuple[int, bytes, int]:
+        """(the writer schema's number, the bytes holding the datum, where in them it starts)."""
+        ...
+
+    def schema(self, schema_id: int) -> RegisteredSchema:
+        """The writer schema; MessageError if the registry does not have it, RetryableError if unreachable."""
+        ...
+
+    def referenced(self, subject: str, version: int) -> RegisteredSchema:
+        """A schema a reference points at (an Avro named type defined in another subject)."""
+        ...
+
+    def describe(self, schema_id: int) -> str:
+        """How reasons name the writer schema: ``schema id 7``, ``schema version <uuid>``."""
+        ...
+
+
+class GlueSchemas(Protocol):
+    """What :class:`GlueFraming` needs of the Glue registry edge."""
+
+    def schema_version(self, version_id: uuid.UUID) -> RegisteredSchema: ...
+
+
+class ConfluentFraming:
+    """The Confluent wire format: magic byte ``0``, a 4-byte schema id."""
+
+    def __init__(self, registry: SchemaRegistry) -> None:
+        self.registry = registry
+
+    def unframe(self, payload: bytes) -> tuple[int, bytes, int]:
+        return split_confluent(payload), payload, CONFLUENT_HEADER_BYTES
+
+    def schema(self, schema_id: int) -> RegisteredSchema:
+        return self.registry.schema(schema_id)
+
+    def referenced(self, subject: str, version: int) -> RegisteredSchema:
+        return self.registry.referenced(subject, version)
+
+    def describe(self, schema_id: int) -> str:
+        return f"schema id {schema_id}"
+
+
+class GlueFraming:
+    """The AWS Glue Schema Registry wire format: header version ``3``, compression, schema version UUID."""
+
+    def __init__(self, registry: GlueSchemas) -> None:
+        self.registry = registry
+
+    def unframe(self, payload: bytes) -> tuple[int, bytes, int]:
+        version_id, datum = split_glue(payload)
+        return version_id.int, datum, 0
+
+    def schema(self, schema_id: int) -> RegisteredSchema:
+        return self.registry.schema_version(uuid.UUID(int=schema_id))
+
+    def referenced(self, subject: str, version: int) -> RegisteredSchema:
+        # Glue schemas carry no references; a RegisteredSchema from Glue never names one.
+        raise decode_error(f"Glue schemas have no references (asked for {subject!r} version {version})")
+
+    def describe(self, schema_id: int) -> str:
+        return f"schema version {uuid.UUID(int=schema_id)}"
+
+
+def split_glue(payload: bytes) -> tuple[uuid.UUID, bytes]:
+    """The schema version UUID of a Glue wire-format payload and its datum (inflated when zlib-compressed)."""
+    if payload[:1] != bytes([GLUE_HEADER_VERSION]):
+        raise decode_error(
+            f"not Glue wire format: header version byte {hex_bytes(payload[:1])}, expected 0x{GLUE_HEADER_VERSION:02x}"
+        )
+    if len(payload) < GLUE_HEADER_BYTES:
+        raise decode_error(f"truncated: {len(payload)} bytes, the Glue header needs {GLUE_HEADER_BYTES}")
+    compression = payload[1]
+    version_id = uuid.UUID(bytes=payload[2:GLUE_HEADER_BYTES])
+    datum = payload[GLUE_HEADER_BYTES:]
+    if compression == GLUE_COMPRESSION_NONE:
+        return version_id, datum
+    if compression == GLUE_COMPRESSION_ZLIB:
+        return version_id, _inflate(datum)
+    raise decode_error(
+        f"not Glue wire format: compression byte 0x{compression:02x}, expected 0x00 (none) or 0x05 (zlib)"
+    )
+
+
+def _inflate(data: bytes) -> bytes:
+    inflater = zlib.decompressobj()
+    try:
+        # max_length caps the output, so a bomb never allocates more than the cap.
+        inflated = inflater.decompress(data, MAX_DECOMPRESSED_BYTES + 1)
+    except zlib.error as exc:
+        raise decode_error(f"the Glue payload is not valid zlib: {exc}") from exc
+    if len(inflated) > MAX_DECOMPRESSED_BYTES or inflater.unconsumed_tail:
+        raise decode_error(f"the Glue payload inflates beyond {MAX_DECOMPRESSED_BYTES // (1024 * 1024)} MiB")
+    if not inflater.eof:
+        raise decode_error("the Glue payload's zlib stream is truncated")
+    if inflater.unused_data:
+        raise decode_error(f"{len(inflater.unused_data)} trailing bytes after the Glue payload's zlib stream")
+    return inflated

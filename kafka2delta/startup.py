@@ -1,0 +1,62 @@
+"""The process's first seconds: a SIGTERM (or Ctrl-C) before the loop exists ends start-up at once, cleanly.
+
+The loop's own handler (flush, commit, stop: cli.py) can only be installed once the loop exists, after the
+imports (pyarrow, deltalake, confluent-kafka: about a second), the config, the tables and the consumer. Until
+then Python's default handler would end the process by the signal (exit -15), and Kubernetes sends SIGTERM to a
+pod that is still starting whenever a rollout or a scale-down overtakes it. So the entry point installs a
+handler first thing, before importing anything heavy, that raises :class:`StopDuringStartup`; nothing has been
+consumed or written yet, so there is nothing to flush, and the process exits 0 with one line saying so.
+
+This module imports only the standard library, on purpose.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+from types import FrameType
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class StopDuringStartup(BaseException):
+    """A stop signal arrived before the loop existed. A BaseException, like KeyboardInterrupt, so that no
+    ``except Exception`` on the way (a retry around opening a table) takes it for an error to retry."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signal_name = signal.Signals(signum).name
+
+
+def _raise_stop(signum: int, frame: FrameType | None) -> None:
+    raise StopDuringStartup(signum)
+
+
+def guard() -> None:
+    """Turn SIGTERM and SIGINT into :class:`StopDuringStartup` until the loop installs its own handler."""
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, _raise_stop)
+
+
+def release() -> None:
+    """Give the signals back their defaults: for the commands that are not the daemon (verify, status, the Spark
+    jobs, which install their own handler where they loop)."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def main() -> int:
+    """The ``kafka2delta`` entry point: guard first, then import and run the command line."""
+    guard()
+    try:
+        from kafka2delta.cli import main as cli_main  # after guard(), on purpose
+
+        return cli_main()
+    except StopDuringStartup as stop:
+        line = f"received {stop.signal_name} during start-up: stopped before consuming"
+        if logging.getLogger().handlers:  # the config was read: say it in the configured format
+            logging.getLogger("kafka2delta").info(line)
+        else:
+            print(f"kafka2delta: {line}", file=sys.stderr)
+        return 0
