@@ -35,7 +35,7 @@ from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from kafka2delta.config import KafkaConfig
 from kafka2delta.edges import RebalanceListener
-from kafka2delta.errors import FatalError, RetryableError
+from kafka2delta.errors import ConfigError, FatalError, RetryableError
 from kafka2delta.offsets import LogicalOffset
 from kafka2delta.records import ConsumedBatch, DeadLetter, PartitionMessages, TopicPartition
 
@@ -93,7 +93,7 @@ class KafkaSource:
 
     def start(self, listener: RebalanceListener) -> None:
         try:
-            self._consumer = Consumer(self._settings)
+            self._consumer = new_consumer(self._settings)
             named = [] if self._config.topic_pattern else self._subscription
             metadata = _metadata(self._consumer, self._watch, timeout=30) if named else None
         except KafkaException as exc:
@@ -342,10 +342,29 @@ def _to_kafka_offset(offset: int | LogicalOffset) -> int:
     return offset
 
 
+# librdkafka names the setting it refuses when a client is made: "ssl.ca.location failed: …" (a file it cannot
+# read), "No such configuration property: \"x\"", "Invalid value \"x\" for configuration property \"y\"".
+_REFUSED_SETTING = re.compile(r'(?:consumer|producer): ([\w.]+) failed|configuration property:? "([^"]+)"')
+
+
+def new_consumer(settings: Mapping[str, Any]) -> Consumer:
+    """A librdkafka consumer; a setting it refuses is a :class:`ConfigError` naming ``kafka.settings.<key>``
+    (before, a missing CA file read as "cannot reach Kafka")."""
+    try:
+        return Consumer(dict(settings))
+    except KafkaException as exc:
+        error = exc.args[0] if exc.args else None
+        if not isinstance(error, KafkaError) or error.code() != KafkaError._INVALID_ARG:
+            raise
+        match = _REFUSED_SETTING.search(error.str())
+        key = f"kafka.settings.{next(filter(None, match.groups()))}" if match else "kafka.settings"
+        raise ConfigError(key, f"librdkafka refused it: {error.str()}") from exc
+
+
 def _probe_consumer(bootstrap_servers: str, settings: Mapping[str, str], watch: SecurityWatch) -> Consumer:
     # A consumer that never subscribes: it reads metadata and watermarks without joining a group.
     # librdkafka's own log lines go through Python logging (JSON lines, secrets masked), never raw to stderr.
-    return Consumer(
+    return new_consumer(
         {
             **settings,
             "bootstrap.servers": bootstrap_servers,

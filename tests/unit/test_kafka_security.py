@@ -7,7 +7,7 @@ import pytest
 from confluent_kafka import KafkaError
 
 from kafka2delta.errors import ConfigError, FatalError
-from kafka2delta.kafka import SecurityWatch, security_failure
+from kafka2delta.kafka import SecurityWatch, new_consumer, security_failure
 from kafka2delta.spark.kafka_source import kafka_source_options
 
 # What librdkafka 2.x reports to the error callback (copied from runs against dev/kafka's SecuredBroker).
@@ -209,3 +209,19 @@ def test_settings_without_a_java_form_are_config_errors(settings: dict[str, str]
 
 def test_no_settings_only_the_bootstrap_servers() -> None:
     assert kafka_source_options("b:9092", {}) == {"kafka.bootstrap.servers": "b:9092"}
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "key"),
+    [
+        ("ssl.ca.location", "/nonexistent/ca.pem", "kafka.settings.ssl.ca.location"),
+        ("no.such.setting", "1", "kafka.settings.no.such.setting"),
+        ("session.timeout.ms", "soon", "kafka.settings.session.timeout.ms"),
+    ],
+)
+def test_a_setting_librdkafka_refuses_is_a_config_error_naming_it(setting: str, value: str, key: str) -> None:
+    settings = {"bootstrap.servers": "127.0.0.1:1", "group.id": "g", "security.protocol": "SSL", setting: value}
+    with pytest.raises(ConfigError) as raised:
+        new_consumer(settings)
+    assert raised.value.key == key
+    assert "librdkafka refused it" in str(raised.value)
