@@ -87,7 +87,7 @@ tools:
 # --- container images and Helm chart (docs/OPERATING.md) ---
 .PHONY: helm-tools helm-alerts helm-check container-check
 
-## helm-tools: build the pinned Helm with go install and fetch the prometheus-operator CRDs (cached in ~/.cache/kafka2delta/tools)
+## helm-tools: build the pinned Helm with go install and fetch the prometheus-operator and KEDA CRDs (cached in ~/.cache/kafka2delta/tools)
 helm-tools: install
 	$(PY) -m dev.k8s_tools all
 

@@ -1,17 +1,19 @@
 """Tools the Helm chart's checks need, built or fetched once into a cache outside the repo.
 
     python -m dev.k8s_tools helm      # build the pinned Helm with `go install` (Go module proxy); print its path
-    python -m dev.k8s_tools crds      # the pinned ServiceMonitor and PrometheusRule CRDs; print their dir
+    python -m dev.k8s_tools crds      # the pinned ServiceMonitor, PrometheusRule and ScaledObject CRDs; print their dir
     python -m dev.k8s_tools alerts    # regenerate helm/kafka2delta/files/alerts.yaml from the chart's defaults
 
 Helm is a Go program and no package carries it here, so it is built from source with the Go toolchain
 (``go install helm.sh/helm/v3/cmd/helm@HELM_VERSION``, with the ldflags of Helm's own Makefile) into
-``$K2D_TOOLS_DIR`` (default ``~/.cache/kafka2delta/tools``)/helm-<version>/helm. The CRDs of
-ServiceMonitor and PrometheusRule, whose OpenAPI schemas validate the chart's custom resources offline, are
-the YAML files under ``example/prometheus-operator-crd/`` of the prometheus-operator Go module, downloaded
-with ``go mod download`` and copied next to Helm. Both steps are idempotent (a tool already there at the
-pinned version is left alone) and hold a file lock, so parallel callers build once. The first Helm build
-takes about 4 minutes on 2 cores (module downloads included); later calls return at once.
+``$K2D_TOOLS_DIR`` (default ``~/.cache/kafka2delta/tools``)/helm-<version>/helm. The CRDs whose OpenAPI
+schemas validate the chart's custom resources offline come from Go modules too, downloaded with
+``go mod download`` from the module proxy and copied next to Helm: ServiceMonitor and PrometheusRule from
+``example/prometheus-operator-crd/`` of the prometheus-operator module, KEDA's ScaledObject from
+``config/crd/bases/`` of github.com/kedacore/keda/v2 (the module's zip holds the operator's kustomize base).
+Both steps are idempotent (a tool already there at the pinned version is left alone) and hold a file lock,
+so parallel callers build once. The first Helm build takes about 4 minutes on 2 cores (module downloads
+included); later calls return at once.
 
 Imported by tests/integration/test_helm.py (``ensure_helm()``, ``ensure_crds()``); dev/ is not a package.
 """
@@ -37,7 +39,20 @@ HELM_VERSION = "v3.22.0"
 HELM_K8S_VERSION = ("1", "37")
 PROMETHEUS_OPERATOR_MODULE = "github.com/prometheus-operator/prometheus-operator"
 PROMETHEUS_OPERATOR_VERSION = "v0.85.0"
-CRD_FILES = ("monitoring.coreos.com_servicemonitors.yaml", "monitoring.coreos.com_prometheusrules.yaml")
+KEDA_MODULE = "github.com/kedacore/keda/v2"
+# KEDA v2.21.0 (2026-09-23, the newest on proxy.golang.org when pinned): keda.sh/v1alpha1 ScaledObject.
+KEDA_VERSION = "v2.21.0"
+# (Go module, version, directory in the module, CRD files): the chart's custom resources' schemas.
+CRD_SOURCES = (
+    (
+        PROMETHEUS_OPERATOR_MODULE,
+        PROMETHEUS_OPERATOR_VERSION,
+        "example/prometheus-operator-crd",
+        ("monitoring.coreos.com_servicemonitors.yaml", "monitoring.coreos.com_prometheusrules.yaml"),
+    ),
+    (KEDA_MODULE, KEDA_VERSION, "config/crd/bases", ("keda.sh_scaledobjects.yaml",)),
+)
+CRD_FILES = tuple(name for *_, names in CRD_SOURCES for name in names)
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "helm" / "kafka2delta"
@@ -145,11 +160,11 @@ def ensure_helm(verbose: bool = False) -> Path:
 
 
 def crds_dir() -> Path:
-    return tools_dir() / f"prometheus-operator-{PROMETHEUS_OPERATOR_VERSION}"
+    return tools_dir() / f"crds-prometheus-operator-{PROMETHEUS_OPERATOR_VERSION}-keda-{KEDA_VERSION}"
 
 
 def ensure_crds(verbose: bool = False) -> Path:
-    """A directory holding the pinned ServiceMonitor and PrometheusRule CRDs (YAML)."""
+    """A directory holding the pinned ServiceMonitor, PrometheusRule and ScaledObject CRDs (YAML)."""
     target = crds_dir()
     if all((target / name).is_file() for name in CRD_FILES):
         return target
@@ -157,17 +172,20 @@ def ensure_crds(verbose: bool = False) -> Path:
         if all((target / name).is_file() for name in CRD_FILES):
             return target
         with tempfile.TemporaryDirectory(dir=tools_dir()) as work:
-            module = f"{PROMETHEUS_OPERATOR_MODULE}@{PROMETHEUS_OPERATOR_VERSION}"
-            if verbose:
-                print(f"go mod download {module} …", file=sys.stderr)
-            info = json.loads(_run(["go", "mod", "download", "-json", module], _go_env(), cwd=Path(work)))
-            if "Error" in info:
-                raise ToolError(f"go mod download {module}: {info['Error']}")
-            source = Path(info["Dir"]) / "example" / "prometheus-operator-crd"
             staging = Path(work) / "crds"
             staging.mkdir()
-            for name in CRD_FILES:
-                shutil.copyfile(source / name, staging / name)
+            for module_path, version, directory, names in CRD_SOURCES:
+                module = f"{module_path}@{version}"
+                if verbose:
+                    print(f"go mod download {module} …", file=sys.stderr)
+                info = json.loads(_run(["go", "mod", "download", "-json", module], _go_env(), cwd=Path(work)))
+                if "Error" in info:
+                    raise ToolError(f"go mod download {module}: {info['Error']}")
+                for name in names:
+                    source = Path(info["Dir"]) / directory / name
+                    if not source.is_file():
+                        raise ToolError(f"{module} has no {directory}/{name}")
+                    shutil.copyfile(source, staging / name)
             if target.exists():
                 shutil.rmtree(target)
             os.replace(staging, target)

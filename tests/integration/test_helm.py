@@ -1,9 +1,11 @@
 """The Helm chart helm/kafka2delta, checked offline: `helm lint --strict` and `helm template` with the default
 values and each ci/*-values.yaml; every rendered manifest validated against the Kubernetes JSON schemas
 (PyPI kubernetes-validate, strict: unknown fields fail) for the oldest and newest Kubernetes the chart
-supports, and ServiceMonitor/PrometheusRule against the OpenAPI schemas of the prometheus-operator CRDs;
-the ConfigMap + Secret fed to the daemon's own config loader; pod security; the alert rules (promtool check
-and promtool unit tests of each alert) and the dashboard's PromQL.
+supports, ServiceMonitor/PrometheusRule against the OpenAPI schemas of the prometheus-operator CRDs and the
+KEDA ScaledObject against KEDA's; each pod's environment (ConfigMap, Secret as variables or as mounted files,
+the static member's pod name) fed to the daemon's own config loader; the StatefulSet of static membership,
+the Deployment without it (byte-identical to the chart before), KEDA autoscaling; pod security; the alert
+rules (promtool check and promtool unit tests of each alert) and the dashboard's PromQL.
 
 Helm is built once from the Go module proxy by dev/k8s_tools.py (about 4 minutes on 2 cores the first
 time, cached in ~/.cache/kafka2delta/tools after that).
@@ -12,11 +14,13 @@ time, cached in ~/.cache/kafka2delta/tools after that).
 from __future__ import annotations
 
 import copy
+import io
 import json
 import math
 import re
 import shutil
 import subprocess
+import tarfile
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -39,10 +43,16 @@ VALUES_FILES = {
     "default": None,
     "full": CHART / "ci" / "full-values.yaml",
     "existing-secret": CHART / "ci" / "existing-secret-values.yaml",
+    "deployment": CHART / "ci" / "deployment-values.yaml",
 }
 # Chart.yaml's kubeVersion is >=1.27; kubernetes-validate bundles schemas up to 1.37.
 KUBERNETES_VERSIONS = ("1.27.0", "1.37.0")
 APP_UID = 10001
+SECRETS_DIR = "/var/run/secrets/kafka2delta"
+GROUP_INSTANCE_ID = "K2D_KAFKA__SETTINGS__GROUP_INSTANCE_ID"
+# The last commit of the chart before static membership, KEDA and secrets as files: with staticMembership=false
+# and secret.mountAsFiles=false the chart still renders exactly what it rendered then.
+BASELINE_COMMIT = "1663032e0325d0115c12147bc9597a44a7fe3de6"
 HISTOGRAMS = {
     "kafka2delta_flush_duration_seconds",
     "kafka2delta_commit_duration_seconds",
@@ -102,6 +112,13 @@ def _one(docs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict
     return found[0]
 
 
+def _workload(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The daemon's StatefulSet (staticMembership) or Deployment: exactly one of them."""
+    found = [d for d in docs if d["kind"] in ("StatefulSet", "Deployment")]
+    assert len(found) == 1, [f"{d['kind']}/{d['metadata']['name']}" for d in found]
+    return found[0]
+
+
 # ------------------------------------------------------------------ lint and schemas
 
 
@@ -141,6 +158,7 @@ def crd_validators(k8s_tools: ModuleType) -> dict[tuple[str, str], jsonschema.pr
             validators[(f"{group}/{version['name']}", kind)] = jsonschema.Draft7Validator(schema)
     assert ("monitoring.coreos.com/v1", "ServiceMonitor") in validators
     assert ("monitoring.coreos.com/v1", "PrometheusRule") in validators
+    assert ("keda.sh/v1alpha1", "ScaledObject") in validators
     return validators
 
 
@@ -155,7 +173,9 @@ def test_manifests_match_kubernetes_schemas(
     problems = []
     for doc in docs:
         where = f"{doc['kind']}/{doc['metadata']['name']}"
-        if doc["apiVersion"].startswith("monitoring.coreos.com/"):
+        group = doc["apiVersion"].rpartition("/")[0]
+        if "." in group and not group.endswith(".k8s.io"):
+            # A custom resource (monitoring.coreos.com, keda.sh): its CRD's schema, which must be known here.
             validator = crd_validators[(doc["apiVersion"], doc["kind"])]
             problems += [f"{where}: {'/'.join(map(str, e.path))}: {e.message}" for e in validator.iter_errors(doc)]
             continue
@@ -173,13 +193,25 @@ def test_schema_validation_catches_mistakes(
 ) -> None:
     """The validators are not vacuous: a misspelt field fails both the core and the CRD schemas."""
     docs = render(VALUES_FILES["full"])
-    deployment = _one(docs, "Deployment")
-    deployment["spec"]["template"]["spec"]["containers"][0]["livenesProbe"] = {}
+    workload = _workload(docs)
+    workload["spec"]["template"]["spec"]["containers"][0]["livenesProbe"] = {}
     with pytest.raises(kubernetes_validate.ValidationError):
-        kubernetes_validate.validate(deployment, KUBERNETES_VERSIONS[-1], strict=True)
+        kubernetes_validate.validate(workload, KUBERNETES_VERSIONS[-1], strict=True)
     monitor = _one(docs, "ServiceMonitor")
     monitor["spec"]["endpoints"][0]["intervall"] = "30s"
     assert list(crd_validators[("monitoring.coreos.com/v1", "ServiceMonitor")].iter_errors(monitor))
+    scaler = crd_validators[("keda.sh/v1alpha1", "ScaledObject")]
+    scaled = _one(docs, "ScaledObject")
+    assert not list(scaler.iter_errors(scaled))
+    for mistake in (
+        lambda s: s["spec"].update(maxReplicas=4),  # not a ScaledObject field
+        lambda s: s["spec"]["triggers"][0]["metadata"].update(lagThreshold=100),  # metadata values are strings
+        lambda s: s["spec"].update(maxReplicaCount=0),  # minimum 1
+        lambda s: s["spec"].pop("scaleTargetRef"),  # required
+    ):
+        wrong = copy.deepcopy(scaled)
+        mistake(wrong)
+        assert list(scaler.iter_errors(wrong)), wrong["spec"]
 
 
 def test_values_schema_and_template_guards(run_helm: Callable[..., subprocess.CompletedProcess[str]]) -> None:
@@ -226,10 +258,10 @@ def test_default_objects(render: Callable[..., list[dict[str, Any]]]) -> None:
         "ConfigMap",
         "CronJob",
         "CronJob",
-        "Deployment",
         "PodDisruptionBudget",
         "Service",
         "ServiceAccount",
+        "StatefulSet",
     ], kinds
     jobs = {d["metadata"]["name"]: d for d in _by_kind(docs, "CronJob")}
     assert set(jobs) == {"k2d-kafka2delta-optimize", "k2d-kafka2delta-vacuum"}
@@ -238,14 +270,19 @@ def test_default_objects(render: Callable[..., list[dict[str, Any]]]) -> None:
     assert optimize["containers"][0]["image"] == f"kafka2delta-maintenance:{__version__}"
     vacuum = jobs["k2d-kafka2delta-vacuum"]["spec"]["jobTemplate"]["spec"]["template"]["spec"]
     assert vacuum["containers"][0]["args"] == ["maintain", "vacuum", "--retain-hours", "168"]
-    deployment = _one(docs, "Deployment")
-    pod = deployment["spec"]["template"]["spec"]
+    statefulset = _one(docs, "StatefulSet")
+    pod = statefulset["spec"]["template"]["spec"]
     assert pod["containers"][0]["image"] == f"kafka2delta:{__version__}"
     assert pod["containers"][0]["envFrom"] == [{"configMapRef": {"name": "k2d-kafka2delta"}}]
+    # No Secret by default: nothing to mount, no K2D_SECRETS_DIR; the pod's name as group.instance.id.
+    assert pod["containers"][0]["env"] == [
+        {"name": GROUP_INSTANCE_ID, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
+    ]
+    assert [v["name"] for v in pod["volumes"]] == ["tmp"]
     assert pod["terminationGracePeriodSeconds"] == 5 + 60
     assert _one(docs, "PodDisruptionBudget")["spec"] == {
         "maxUnavailable": 1,
-        "selector": deployment["spec"]["selector"],
+        "selector": statefulset["spec"]["selector"],
     }
 
 
@@ -282,18 +319,20 @@ def test_full_objects(render: Callable[..., list[dict[str, Any]]]) -> None:
         pod = spec["jobTemplate"]["spec"]["template"]["spec"]
         assert pod["containers"][0]["image"].startswith("registry.example.com/data/kafka2delta-maintenance@sha256:")
         assert pod["nodeSelector"] == {"node-role/batch": "true"}
-    deployment = _one(docs, "Deployment")
-    pod = deployment["spec"]["template"]["spec"]
-    assert deployment["spec"]["replicas"] == 4
+    statefulset = _one(docs, "StatefulSet")
+    pod = statefulset["spec"]["template"]["spec"]
+    assert "replicas" not in statefulset["spec"]  # KEDA owns it
     assert pod["terminationGracePeriodSeconds"] == 120
     assert pod["nodeSelector"]["node-role/ingest"] == "true" and pod["tolerations"][0]["value"] == "ingest"
     assert "podAntiAffinity" in pod["affinity"] and pod["topologySpreadConstraints"]
     container = pod["containers"][0]
-    assert container["envFrom"][:2] == [
+    # The Secret is mounted as files (secret.mountAsFiles, the default): envFrom has the ConfigMap and extraEnvFrom.
+    assert container["envFrom"] == [
         {"configMapRef": {"name": "k2d-kafka2delta"}},
-        {"secretRef": {"name": "k2d-kafka2delta"}},
+        {"configMapRef": {"name": "orders-extra-settings", "optional": True}},
     ]
-    assert {e["name"] for e in container["env"]} == {"TZ", "POD_NAME"}
+    assert [e["name"] for e in container["env"]] == [GROUP_INSTANCE_ID, "K2D_SECRETS_DIR", "TZ", "POD_NAME"]
+    assert {"name": "kafka-ca", "mountPath": "/etc/kafka-ca", "readOnly": True} in container["volumeMounts"]
     monitor = _one(docs, "ServiceMonitor")
     assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
     assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
@@ -409,19 +448,29 @@ def test_container_args_parse_with_the_cli(render: Callable[..., list[dict[str, 
 
 
 def test_existing_secret(render: Callable[..., list[dict[str, Any]]]) -> None:
+    """A Secret managed outside the chart is read like the chart's own: mounted as files by default, with
+    envFrom when secret.mountAsFiles is false; in the daemon and every CronJob."""
     docs = render(VALUES_FILES["existing-secret"])
     assert not _by_kind(docs, "Secret")
-    refs = [_one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["envFrom"]]
-    refs += [
-        j["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["envFrom"]
-        for j in _by_kind(docs, "CronJob")
-    ]
-    for envfrom in refs:
-        assert {"secretRef": {"name": "orders-ingest-credentials"}} in envfrom, envfrom
+    pods = _pods(docs)
+    assert len(pods) == 3  # the daemon, optimize, vacuum
+    for name, pod in pods:
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        assert volumes["kafka2delta-secrets"]["secret"]["secretName"] == "orders-ingest-credentials", name
+        assert all("secretRef" not in ref for ref in pod["containers"][0]["envFrom"]), name
+    for name, pod in _pods(render(VALUES_FILES["existing-secret"], "secret.mountAsFiles=false")):
+        container = pod["containers"][0]
+        assert {"secretRef": {"name": "orders-ingest-credentials"}} in container["envFrom"], name
+        assert "kafka2delta-secrets" not in {v["name"] for v in pod["volumes"]}, name
+        assert "K2D_SECRETS_DIR" not in {e["name"] for e in container.get("env", [])}, name
 
 
 def _pods(docs: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
-    pods = [(d["metadata"]["name"], d["spec"]["template"]["spec"]) for d in _by_kind(docs, "Deployment")]
+    pods = [
+        (d["metadata"]["name"], d["spec"]["template"]["spec"])
+        for d in docs
+        if d["kind"] in ("StatefulSet", "Deployment")
+    ]
     pods += [
         (d["metadata"]["name"], d["spec"]["jobTemplate"]["spec"]["template"]["spec"]) for d in _by_kind(docs, "CronJob")
     ]
@@ -453,8 +502,8 @@ def test_probes_service_and_grace_period(render: Callable[..., list[dict[str, An
     path = VALUES_FILES[case]
     values = yaml.safe_load(path.read_text()) if path else {}
     docs = render(VALUES_FILES[case])
-    deployment = _one(docs, "Deployment")
-    pod = deployment["spec"]["template"]["spec"]
+    workload = _workload(docs)
+    pod = workload["spec"]["template"]["spec"]
     container = pod["containers"][0]
     port = values.get("metrics", {}).get("port", 9102)
     assert container["ports"] == [{"name": "metrics", "containerPort": port, "protocol": "TCP"}]
@@ -463,28 +512,96 @@ def test_probes_service_and_grace_period(render: Callable[..., list[dict[str, An
     assert container["startupProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
     service = _one(docs, "Service")
     assert service["spec"]["ports"][0]["name"] == "metrics" and service["spec"]["ports"][0]["targetPort"] == "metrics"
-    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    assert service["spec"]["selector"] == workload["spec"]["selector"]["matchLabels"]
     latency = values.get("config", {}).get("ingest", {}).get("allowed_latency_s", 5)
     expected = values.get("terminationGracePeriodSeconds") or math.ceil(latency) + 60
     assert pod["terminationGracePeriodSeconds"] == expected
     assert pod["terminationGracePeriodSeconds"] > latency
 
 
+# The Secret of ci/existing-secret-values.yaml, managed outside the chart.
+EXISTING_SECRETS = {"orders-ingest-credentials": {"K2D_KAFKA__SETTINGS__SASL_PASSWORD": "from-an-existing-secret"}}
+
+
+def _write_secret_volume(directory: Path, data: dict[str, str]) -> None:
+    """A Secret volume as the kubelet writes one: the files in a timestamped directory, ..data a symlink to it,
+    and one symlink per key to ..data/<key>."""
+    stamp = directory / "..2026_11_26_03_00_00.000000001"
+    stamp.mkdir(parents=True)
+    for key, value in data.items():
+        (stamp / key).write_text(value)
+    (directory / "..data").symlink_to(stamp.name)
+    for key in data:
+        (directory / key).symlink_to(f"..data/{key}")
+
+
+def _container_environment(
+    docs: list[dict[str, Any]], pod: dict[str, Any], pod_name: str, tmp_path: Path
+) -> dict[str, str]:
+    """The first container's environment as the kubelet builds it: envFrom (the ConfigMap, the Secret; a missing
+    optional source is skipped), then env (a fieldRef to metadata.name is the pod's name); a Secret volume mounted
+    at K2D_SECRETS_DIR is written under tmp_path and the variable pointed there."""
+    configmaps = {d["metadata"]["name"]: d["data"] for d in _by_kind(docs, "ConfigMap")}
+    secrets = {**EXISTING_SECRETS, **{d["metadata"]["name"]: d["stringData"] for d in _by_kind(docs, "Secret")}}
+    container = pod["containers"][0]
+    environ: dict[str, str] = {}
+    for source in container.get("envFrom", []):
+        kind, ref = next(iter(source.items()))
+        data = (configmaps if kind == "configMapRef" else secrets).get(ref["name"])
+        assert data is not None or ref.get("optional"), source
+        environ.update(data or {})
+    for variable in container.get("env", []):
+        if "value" in variable:
+            environ[variable["name"]] = variable["value"]
+        elif variable["valueFrom"].get("fieldRef", {}).get("fieldPath") == "metadata.name":
+            environ[variable["name"]] = pod_name
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    for volume in pod["volumes"]:
+        if "secret" in volume and mounts.get(volume["name"]) == environ.get("K2D_SECRETS_DIR"):
+            directory = tmp_path / pod_name / volume["name"]
+            _write_secret_volume(directory, secrets[volume["secret"]["secretName"]])
+            environ["K2D_SECRETS_DIR"] = str(directory)
+    if "K2D_SECRETS_DIR" in environ:
+        assert Path(environ["K2D_SECRETS_DIR"]).is_relative_to(tmp_path), "K2D_SECRETS_DIR names no mounted Secret"
+    return environ
+
+
 @pytest.mark.parametrize("case", VALUES_FILES)
-def test_environment_is_a_valid_daemon_config(render: Callable[..., list[dict[str, Any]]], case: str) -> None:
-    """The ConfigMap and Secret, as the pod's environment, through the daemon's own config loader."""
+def test_environment_is_a_valid_daemon_config(
+    render: Callable[..., list[dict[str, Any]]], case: str, tmp_path: Path
+) -> None:
+    """Each pod's environment (ConfigMap, Secret as variables or as files under K2D_SECRETS_DIR, the pod's name
+    as group.instance.id) through the daemon's own config loader: the daemon's and every CronJob's."""
     docs = render(VALUES_FILES[case])
-    environ = dict(_one(docs, "ConfigMap", "k2d-kafka2delta")["data"])
+    configmap = _one(docs, "ConfigMap", "k2d-kafka2delta")["data"]
+    assert all(name.startswith("K2D_") for name in configmap)
     for secret in _by_kind(docs, "Secret"):
-        environ.update(secret["stringData"])
-    assert all(name.startswith("K2D_") for name in environ)
+        assert all(name.startswith("K2D_") for name in secret["stringData"])
+    workload = _workload(docs)
+    static = workload["kind"] == "StatefulSet"
+    pod_name = f"{workload['metadata']['name']}-{'0' if static else '7c9f5d8b4-x2x7q'}"
+    environ = _container_environment(docs, workload["spec"]["template"]["spec"], pod_name, tmp_path)
+    files = "K2D_SECRETS_DIR" in environ
+    assert files == (case in ("full", "existing-secret")), environ.get("K2D_SECRETS_DIR")
+    if files:  # the credentials are never in the environment
+        assert not {name for name in environ if re.search("PASSWORD|SECRET_ACCESS|TOKEN", name)}
     config = k2d_config.load_config(None, environ)
     assert config.metrics.host == "0.0.0.0"
     assert config.logging.format == "json"
+    if static:
+        assert config.kafka.settings["group.instance.id"] == "k2d-kafka2delta-0"
+    else:
+        assert "group.instance.id" not in config.kafka.settings
+    if case == "existing-secret":
+        assert config.kafka.settings["sasl.password"] == "from-an-existing-secret"
+    if case == "deployment":
+        assert config.kafka.settings["sasl.password"] == "sasl-password"
+        assert config.kafka.topics == ("orders", "payments") and not config.kafka.topic
     if case == "full":
         assert config.metrics.port == 9300
         assert config.kafka.settings["sasl.password"] == "sasl-password"
         assert config.kafka.settings["security.protocol"] == "SASL_SSL"
+        assert config.kafka.settings["session.timeout.ms"] == "45000"
         assert config.table.storage_options["AWS_SECRET_ACCESS_KEY"] == "aws-secret"
         assert config.table.storage_options["AWS_SESSION_TOKEN"] == "session-token"
         assert config.table.partition_by == ("date",)
@@ -494,10 +611,249 @@ def test_environment_is_a_valid_daemon_config(render: Callable[..., list[dict[st
         assert config.ingest.allowed_latency_s == 30.0 and config.kafka.consume_timeout_s == 0.5
         assert config.coercions.epoch_units == {"created": "s"}
         assert config.schema_registry.password == "registry-password"
-        for name, value in environ.items():
-            if any(word in name for word in ("PASSWORD", "SECRET", "TOKEN")):
-                assert name not in _one(docs, "ConfigMap", "k2d-kafka2delta")["data"], name
-                assert value
+        for secret in _by_kind(docs, "Secret"):
+            assert not set(secret["stringData"]) & set(configmap)
+    # The maintenance jobs read the same credentials the same way (no group membership: not consumers).
+    for job in _by_kind(docs, "CronJob"):
+        name = job["metadata"]["name"]
+        pod = job["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+        job_environ = _container_environment(docs, pod, f"{name}-29123456-abcde", tmp_path)
+        assert ("K2D_SECRETS_DIR" in job_environ) == files, name
+        job_config = k2d_config.load_config(None, job_environ)
+        assert "group.instance.id" not in job_config.kafka.settings, name
+        assert job_config.kafka.settings.get("sasl.password") == config.kafka.settings.get("sasl.password"), name
+        assert job_config.table.storage_options == config.table.storage_options, name
+
+
+# ------------------------------------------------------------------ static membership, KEDA, secrets as files
+
+
+def test_static_membership_statefulset(render: Callable[..., list[dict[str, Any]]]) -> None:
+    """By default the daemon is a StatefulSet (stable pod names across restarts and rollouts) whose pods are
+    static group members named after themselves; the Deployment's strategy does not apply to it."""
+    docs = render()
+    assert not _by_kind(docs, "Deployment")
+    statefulset = _one(docs, "StatefulSet")
+    spec = statefulset["spec"]
+    assert statefulset["metadata"]["name"] == "k2d-kafka2delta"
+    assert spec["replicas"] == 1
+    assert spec["serviceName"] == _one(docs, "Service")["metadata"]["name"] == "k2d-kafka2delta"
+    assert spec["podManagementPolicy"] == "Parallel"
+    assert spec["updateStrategy"] == {"type": "RollingUpdate"}
+    assert "volumeClaimTemplates" not in spec and "strategy" not in spec
+    assert spec["selector"]["matchLabels"] == spec["template"]["metadata"]["labels"]
+    env = spec["template"]["spec"]["containers"][0]["env"]
+    assert {"name": GROUP_INSTANCE_ID, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}} in env
+    # The same pod template as the Deployment's, but for that variable.
+    deployment = _one(render(None, "staticMembership=false"), "Deployment")
+    assert deployment["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+    assert "env" not in deployment["spec"]["template"]["spec"]["containers"][0]
+    del spec["template"]["spec"]["containers"][0]["env"]
+    assert spec["template"] == deployment["spec"]["template"]
+    # A StatefulSet's name stays within 52 characters (its pods' controller-revision-hash label adds 11).
+    long = render(
+        None,
+        f"fullnameOverride={'k2d-' + 'x' * 60}",
+        "autoscaling.keda.enabled=true",
+        "autoscaling.keda.maxReplicaCount=2",
+    )
+    name = _one(long, "StatefulSet")["metadata"]["name"]
+    assert name == ("k2d-" + "x" * 60)[:52] and _one(long, "Service")["metadata"]["name"] == ("k2d-" + "x" * 60)[:63]
+    assert _one(long, "ScaledObject")["spec"]["scaleTargetRef"]["name"] == name
+    # replicaCount goes to the StatefulSet; the CronJobs are no static members.
+    assert _one(render(None, "replicaCount=3"), "StatefulSet")["spec"]["replicas"] == 3
+    for job in _by_kind(docs, "CronJob"):
+        container = job["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]
+        assert GROUP_INSTANCE_ID not in {e["name"] for e in container.get("env", [])}
+
+
+def test_deployment_is_unchanged_without_static_membership(
+    run_helm: Callable[..., subprocess.CompletedProcess[str]], tmp_path: Path
+) -> None:
+    """staticMembership=false with secret.mountAsFiles=false renders byte for byte what the chart rendered at
+    BASELINE_COMMIT (before static membership, KEDA and secret files), with that commit's default values and
+    each of its ci/*-values.yaml: an upgrade that keeps the old behaviour changes nothing."""
+    git = shutil.which("git")
+    if git is None or not (ROOT / ".git").exists():
+        pytest.skip("no git checkout: the baseline chart is read from git history")
+    archive = subprocess.run(
+        [git, "archive", "--format=tar", BASELINE_COMMIT, "helm/kafka2delta"],
+        cwd=ROOT,
+        capture_output=True,
+        check=False,
+    )
+    if archive.returncode != 0:
+        pytest.skip(f"commit {BASELINE_COMMIT} is not in this clone: {archive.stderr.decode()[-300:]}")
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+        tar.extractall(tmp_path, filter="data")
+    baseline = tmp_path / "helm" / "kafka2delta"
+    cases = [None, *sorted((baseline / "ci").glob("*values.yaml"))]
+    assert len(cases) == 3, cases
+    for values in cases:
+        args = ["template", "k2d", "--namespace", "ingest", *(["-f", str(values)] if values else [])]
+        before = run_helm(*args[:2], str(baseline), *args[2:])
+        assert before.returncode == 0, before.stderr
+        after = run_helm(
+            *args[:2], str(CHART), *args[2:], "--set", "staticMembership=false", "--set", "secret.mountAsFiles=false"
+        )
+        assert after.returncode == 0, after.stderr
+        assert "kind: Deployment" in after.stdout and "kind: StatefulSet" not in after.stdout
+        assert after.stdout == before.stdout, f"{values}: the rendering changed"
+
+
+def _trigger(scaled: dict[str, Any]) -> dict[str, Any]:
+    triggers: list[dict[str, Any]] = scaled["spec"]["triggers"]
+    assert len(triggers) == 1 and triggers[0]["type"] == "kafka", triggers
+    return triggers[0]
+
+
+def test_keda_scaled_object(
+    render: Callable[..., list[dict[str, Any]]],
+    crd_validators: dict[tuple[str, str], jsonschema.protocols.Validator],
+) -> None:
+    """autoscaling.keda: a ScaledObject on the group's lag, targeting the StatefulSet (or the Deployment), with
+    the Kafka connection, group and topic of the daemon's config; the workload then has no replicas."""
+    validator = crd_validators[("keda.sh/v1alpha1", "ScaledObject")]
+    assert not _by_kind(render(), "ScaledObject")  # off by default
+    docs = render(VALUES_FILES["full"])
+    scaled = _one(docs, "ScaledObject")
+    assert scaled["apiVersion"] == "keda.sh/v1alpha1"
+    assert scaled["metadata"]["name"] == "k2d-kafka2delta" and scaled["metadata"]["namespace"] == "ingest"
+    statefulset = _one(docs, "StatefulSet")
+    assert "replicas" not in statefulset["spec"]
+    spec = scaled["spec"]
+    assert spec["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "k2d-kafka2delta"}
+    assert (spec["minReplicaCount"], spec["maxReplicaCount"]) == (3, 12)
+    assert (spec["pollingInterval"], spec["cooldownPeriod"]) == (15, 600)
+    trigger = _trigger(scaled)
+    assert trigger["metadata"] == {
+        "bootstrapServers": "b-1.kafka.internal:9096,b-2.kafka.internal:9096",
+        "consumerGroup": "orders-to-delta",
+        "topic": "orders",
+        "lagThreshold": "200000",
+        "offsetResetPolicy": "earliest",
+        "allowIdleConsumers": "false",
+        "sasl": "scram_sha512",
+        "tls": "enable",
+        "activationLagThreshold": "1000",
+    }
+    assert trigger["authenticationRef"] == {"name": "orders-kafka-trigger-auth"}
+    assert not list(validator.iter_errors(scaled))
+
+    # A Deployment, several topics: no topic in the trigger (KEDA sums the group's lag over its topics).
+    docs = render(VALUES_FILES["deployment"])
+    scaled = _one(docs, "ScaledObject")
+    assert "replicas" not in _one(docs, "Deployment")["spec"]
+    assert scaled["spec"]["scaleTargetRef"]["kind"] == "Deployment"
+    assert (scaled["spec"]["minReplicaCount"], scaled["spec"]["maxReplicaCount"]) == (0, 6)
+    trigger = _trigger(scaled)
+    assert "topic" not in trigger["metadata"] and "authenticationRef" not in trigger
+    assert trigger["metadata"]["consumerGroup"] == "orders-payments"
+    assert trigger["metadata"]["offsetResetPolicy"] == "latest"
+    assert not list(validator.iter_errors(scaled))
+
+    # The defaults with maxReplicaCount only; a topic pattern.
+    docs = render(None, "autoscaling.keda.enabled=true", "autoscaling.keda.maxReplicaCount=3")
+    scaled = _one(docs, "ScaledObject")
+    assert "replicas" not in _one(docs, "StatefulSet")["spec"]
+    assert (scaled["spec"]["minReplicaCount"], scaled["spec"]["maxReplicaCount"]) == (1, 3)
+    assert (scaled["spec"]["pollingInterval"], scaled["spec"]["cooldownPeriod"]) == (30, 300)
+    assert _trigger(scaled)["metadata"] == {
+        "bootstrapServers": "kafka-bootstrap:9092",
+        "consumerGroup": "kafka2delta",
+        "topic": "events",
+        "lagThreshold": "100000",
+        "offsetResetPolicy": "earliest",
+        "allowIdleConsumers": "false",
+    }
+    assert not list(validator.iter_errors(scaled))
+    pattern = render(
+        None,
+        "autoscaling.keda.enabled=true",
+        "autoscaling.keda.maxReplicaCount=3",
+        "config.kafka.topic=null",
+        "config.kafka.topic_pattern=^cdc\\.",
+    )
+    assert "topic" not in _trigger(_one(pattern, "ScaledObject"))["metadata"]
+
+
+def test_keda_guards(run_helm: Callable[..., subprocess.CompletedProcess[str]]) -> None:
+    """maxReplicaCount is required with KEDA, at least 1 and not below minReplicaCount; the trigger's
+    metadata are strings; no group.instance.id of one's own with static membership."""
+    keda = "autoscaling.keda"
+    cases = {
+        (f"{keda}.enabled=true",): "/autoscaling/keda/maxReplicaCount': got null, want integer",
+        (f"{keda}.enabled=true", f"{keda}.maxReplicaCount=0"): "/autoscaling/keda/maxReplicaCount': minimum",
+        (f"{keda}.enabled=true", f"{keda}.maxReplicaCount=2", f"{keda}.minReplicaCount=3"): "is above maxReplicaCount",
+        (f"{keda}.enabled=true", f"{keda}.maxReplicaCount=2", f"{keda}.extraMetadata.x[0]=a"): "extraMetadata/x'",
+        (f"{keda}.authenticationRef=Not_A_Name",): "/autoscaling/keda/authenticationRef': 'Not_A_Name' does not match",
+        (f"{keda}.maxReplicas=2",): "additional properties 'maxReplicas' not allowed",
+        ("staticMembership=yes",): "/staticMembership': got string, want boolean",
+        ("secret.mountAsFiles=yes",): "/secret/mountAsFiles': got string, want boolean",
+        ("config.kafka.settings.group\\.instance\\.id=x",): "staticMembership sets it",
+        ("config.kafka.topic=null",): "missing property 'topic_pattern'",
+    }
+    for settings, message in cases.items():
+        result = run_helm("template", "k2d", str(CHART), *_values_args(None, settings))
+        assert result.returncode != 0, f"--set {settings} was accepted"
+        assert message in result.stderr, f"--set {settings}: {result.stderr}"
+    # Without static membership a group.instance.id of one's own is the user's business.
+    result = run_helm(
+        "template",
+        "k2d",
+        str(CHART),
+        "--set",
+        "staticMembership=false",
+        "--set",
+        "config.kafka.settings.group\\.instance\\.id=x",
+    )
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("case", ["full", "existing-secret"])
+def test_secrets_mounted_as_files(render: Callable[..., list[dict[str, Any]]], case: str) -> None:
+    """secret.mountAsFiles (the default): the Secret is a read-only volume at /var/run/secrets/kafka2delta and
+    K2D_SECRETS_DIR points there, in the daemon and in every CronJob; no secretRef; extraEnvFrom kept."""
+    docs = render(VALUES_FILES[case])
+    secret = "k2d-kafka2delta" if case == "full" else "orders-ingest-credentials"
+    pods = _pods(docs)
+    assert len(pods) == (1 + 7 if case == "full" else 1 + 2)
+    for name, pod in pods:
+        volumes = [v for v in pod["volumes"] if "secret" in v and v["secret"]["secretName"] == secret]
+        assert volumes == [{"name": "kafka2delta-secrets", "secret": {"secretName": secret, "defaultMode": 0o440}}], (
+            name
+        )
+        container = pod["containers"][0]
+        mounts = [m for m in container["volumeMounts"] if m["name"] == "kafka2delta-secrets"]
+        assert mounts == [{"name": "kafka2delta-secrets", "mountPath": SECRETS_DIR, "readOnly": True}], name
+        env = container["env"]
+        assert [e for e in env if e["name"] == "K2D_SECRETS_DIR"] == [{"name": "K2D_SECRETS_DIR", "value": SECRETS_DIR}]
+        assert all("secretRef" not in ref for ref in container["envFrom"]), name
+        assert container["envFrom"][0] == {"configMapRef": {"name": "k2d-kafka2delta"}}, name
+        if case == "full":
+            assert container["envFrom"][1:] == [{"configMapRef": {"name": "orders-extra-settings", "optional": True}}]
+            names = [e["name"] for e in env]  # extraEnv after the chart's variables: it may override them
+            assert names[names.index("K2D_SECRETS_DIR") + 1 :][:2] == ["TZ", "POD_NAME"], name
+    # The checksum of the chart's Secret still rolls the pods when it changes.
+    annotations = _workload(docs)["spec"]["template"]["metadata"]["annotations"]
+    assert re.fullmatch("[0-9a-f]{64}", annotations["checksum/secret"])
+    # Without an fsGroup the files' group is not the container's: world-readable in the pod instead.
+    pod = _workload(render(VALUES_FILES[case], "podSecurityContext.fsGroup=null"))["spec"]["template"]["spec"]
+    assert next(v for v in pod["volumes"] if v["name"] == "kafka2delta-secrets")["secret"]["defaultMode"] == 0o444
+
+
+def test_secrets_from_env_without_mount_as_files(render: Callable[..., list[dict[str, Any]]]) -> None:
+    """secret.mountAsFiles=false: the Secret through envFrom (then extraEnvFrom), no volume, no K2D_SECRETS_DIR."""
+    for docs in (render(VALUES_FILES["deployment"]), render(VALUES_FILES["full"], "secret.mountAsFiles=false")):
+        for name, pod in _pods(docs):
+            container = pod["containers"][0]
+            assert container["envFrom"] == [
+                {"configMapRef": {"name": "k2d-kafka2delta"}},
+                {"secretRef": {"name": "k2d-kafka2delta"}},
+                {"configMapRef": {"name": "orders-extra-settings", "optional": True}},
+            ], name
+            assert "kafka2delta-secrets" not in {v["name"] for v in pod["volumes"]}, name
+            assert "K2D_SECRETS_DIR" not in {e["name"] for e in container.get("env", [])}, name
 
 
 # ------------------------------------------------------------------ alerts and dashboard

@@ -1,5 +1,6 @@
 {{/* A maintenance CronJob: the `maintenance` image running `kafka2delta ARGS` with the daemon's ConfigMap and
-     Secret as environment, as templates/cronjobs.yaml renders it for every job. Takes a dict:
+     Secret (files under K2D_SECRETS_DIR with secret.mountAsFiles, else environment), as templates/cronjobs.yaml
+     renders it for every job. Takes a dict:
        root      the chart's context
        job       the name's suffix, also the container's name and the component label (maintenance-<job>)
        schedule  the cron schedule
@@ -70,7 +71,7 @@ spec:
                 {{- toYaml .args | nindent 16 }}
               envFrom:
                 {{- include "kafka2delta.envFrom" $root | nindent 16 }}
-              {{- $env := concat ($root.Values.extraEnv | default list) ($m.env | default list) ($spec.env | default list) }}
+              {{- $env := concat (include "kafka2delta.secretFilesEnv" $root | fromYamlArray) ($root.Values.extraEnv | default list) ($m.env | default list) ($spec.env | default list) }}
               {{- with $env }}
               env:
                 {{- toYaml . | nindent 16 }}
@@ -82,6 +83,9 @@ spec:
               volumeMounts:
                 - name: tmp
                   mountPath: /tmp
+                {{- with include "kafka2delta.secretFilesVolumeMount" $root }}
+                {{- . | nindent 16 }}
+                {{- end }}
                 {{- with $root.Values.extraVolumeMounts }}
                 {{- toYaml . | nindent 16 }}
                 {{- end }}
@@ -95,6 +99,9 @@ spec:
                 {{- with $m.tmpVolume.sizeLimit }}
                 sizeLimit: {{ . }}
                 {{- end }}
+            {{- with include "kafka2delta.secretFilesVolume" $root }}
+            {{- . | nindent 12 }}
+            {{- end }}
             {{- with $root.Values.extraVolumes }}
             {{- toYaml . | nindent 12 }}
             {{- end }}

@@ -150,16 +150,77 @@ app.kubernetes.io/part-of: kafka2delta
 {{- end }}
 {{- end }}
 
-{{/* envFrom shared by the daemon and the maintenance jobs. */}}
+{{/* envFrom shared by the daemon and the maintenance jobs: the ConfigMap, the Secret unless it is mounted as
+     files (secret.mountAsFiles), extraEnvFrom. */}}
 {{- define "kafka2delta.envFrom" -}}
 - configMapRef:
     name: {{ include "kafka2delta.fullname" . }}
+{{- if not (include "kafka2delta.secretFiles" .) }}
 {{- with include "kafka2delta.secretName" . }}
 - secretRef:
     name: {{ . }}
 {{- end }}
+{{- end }}
 {{- with .Values.extraEnvFrom }}
 {{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* Where the Secret is mounted when secret.mountAsFiles: the daemon reads every K2D_* file there as that
+     variable (K2D_SECRETS_DIR; the ..data and timestamped entries of a Secret volume are ignored). */}}
+{{- define "kafka2delta.secretsDir" -}}
+/var/run/secrets/kafka2delta
+{{- end }}
+
+{{/* "true" when the pods read the Secret as files (secret.mountAsFiles and there is a Secret), else "". */}}
+{{- define "kafka2delta.secretFiles" -}}
+{{- if and .Values.secret.mountAsFiles (include "kafka2delta.secretName" .) }}true{{ end }}
+{{- end }}
+
+{{/* The EnvVar list (YAML) pointing the daemon's config loader at the mounted Secret; empty without one. */}}
+{{- define "kafka2delta.secretFilesEnv" -}}
+{{- if include "kafka2delta.secretFiles" . -}}
+- name: K2D_SECRETS_DIR
+  value: {{ include "kafka2delta.secretsDir" . }}
+{{- end }}
+{{- end }}
+
+{{/* The Secret as a read-only volume (one file per key). 0440 with an fsGroup (the files' group), else 0444:
+     the container's user (10001) is not their owner (root). */}}
+{{- define "kafka2delta.secretFilesVolume" -}}
+{{- if include "kafka2delta.secretFiles" . -}}
+# The Secret's keys (K2D_* names) as files, read at start through K2D_SECRETS_DIR: never in the environment.
+- name: kafka2delta-secrets
+  secret:
+    secretName: {{ include "kafka2delta.secretName" . }}
+    {{- if (.Values.podSecurityContext | default dict).fsGroup }}
+    defaultMode: 288  # 0440: root and the pod's fsGroup
+    {{- else }}
+    defaultMode: 292  # 0444
+    {{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "kafka2delta.secretFilesVolumeMount" -}}
+{{- if include "kafka2delta.secretFiles" . -}}
+- name: kafka2delta-secrets
+  mountPath: {{ include "kafka2delta.secretsDir" . }}
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{/* The workload the daemon runs as: a StatefulSet with static membership, else a Deployment. */}}
+{{- define "kafka2delta.workloadKind" -}}
+{{- ternary "StatefulSet" "Deployment" (.Values.staticMembership | default false) }}
+{{- end }}
+
+{{/* Its name: the full name; a StatefulSet's cut to 52 characters, as its pods' controller-revision-hash label
+     (<name>-<10 characters>) must fit in 63. */}}
+{{- define "kafka2delta.workloadName" -}}
+{{- if .Values.staticMembership }}
+{{- include "kafka2delta.fullname" . | trunc 52 | trimSuffix "-" }}
+{{- else }}
+{{- include "kafka2delta.fullname" . }}
 {{- end }}
 {{- end }}
 
