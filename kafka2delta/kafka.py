@@ -19,7 +19,7 @@ import itertools
 import logging
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
 from confluent_kafka import (
@@ -105,6 +105,7 @@ class KafkaSource:
                 raise FatalError(f"{key}: topic {name!r} does not exist ({topic.error if topic else 'no metadata'})")
 
         def on_assign(consumer: Consumer, partitions: list[KafkaTopicPartition]) -> None:
+            self._watch.admitted()
             starts = listener.assigned([TopicPartition(tp.topic, tp.partition) for tp in partitions])
             positioned = [KafkaTopicPartition(tp.topic, tp.partition, _to_kafka_offset(o)) for tp, o in starts.items()]
             self._starts.update((TopicPartition(tp.topic, tp.partition), tp.offset) for tp in positioned)
@@ -141,6 +142,8 @@ class KafkaSource:
             messages: list[Message] = self.consumer.consume(num_messages=max_messages, timeout=timeout)
         except KafkaException as exc:
             raise RetryableError(f"consume failed: {exc}") from exc
+        if messages:
+            self._watch.admitted()
         self._watch.check()  # the error callbacks ran inside consume()
         batch = ConsumedBatch()
         if any(map(Message.error, messages)):  # end-of-partition events, errors: rare, handled one by one
@@ -464,13 +467,31 @@ def _named(settings: Mapping[str, str], keys: tuple[str, ...]) -> str:
     return next((key for key in keys if settings.get(key)), keys[0])
 
 
+SECURITY_GRACE_S = 300
+"""How long the broker may refuse a daemon it once admitted before the daemon gives up (exit 1)."""
+
+
 class SecurityWatch:
     """The error callback's memory: the first :func:`security_failure` librdkafka reported, raised by
-    :meth:`check` on the thread that polls (confluent-kafka runs the callback inside poll/consume)."""
+    :meth:`check` on the thread that polls (confluent-kafka runs the callback inside poll/consume).
 
-    def __init__(self, settings: Mapping[str, str]) -> None:
+    Before the broker has ever let us in (no assignment, no message yet) a refusal is the configuration's
+    fault: fatal at once. Afterwards the same error is often passing (a SCRAM credential not yet on a restarted
+    broker, a re-authentication during a rolling restart, a token endpoint timing out): it is logged and
+    librdkafka retries, and only a refusal that lasts :data:`SECURITY_GRACE_S` with nothing admitted since is
+    fatal."""
+
+    def __init__(self, settings: Mapping[str, str], clock: Callable[[], float] = time.monotonic) -> None:
         self._settings = settings
+        self._clock = clock
         self.failure: FatalError | None = None
+        self._admitted = False
+        self._failing_since: float | None = None
+
+    def admitted(self) -> None:
+        """The broker let us in (an assignment, a message): later refusals start out as passing."""
+        self._admitted = True
+        self._failing_since = None
 
     def saw(self, error: KafkaError) -> bool:
         """Record ``error`` if it is a security failure (the first one only); whether it is one."""
@@ -480,8 +501,17 @@ class SecurityWatch:
         return failure is not None
 
     def check(self) -> None:
-        if self.failure is not None:
+        if self.failure is None:
+            return
+        if not self._admitted:
             raise self.failure
+        now = self._clock()
+        if self._failing_since is None:
+            self._failing_since = now
+            logger.warning("%s (librdkafka retries; fatal if it lasts %d s)", self.failure, SECURITY_GRACE_S)
+        elif now - self._failing_since >= SECURITY_GRACE_S:
+            raise FatalError(f"{self.failure} (for {now - self._failing_since:.0f} s)")
+        self.failure = None  # the next refusal is recorded afresh; the clock runs from the first
 
 
 def _metadata(consumer: Consumer, watch: SecurityWatch, timeout: float, topic: str | None = None) -> Any:

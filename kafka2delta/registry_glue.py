@@ -36,7 +36,7 @@ from kafka2delta.errors import ConfigError, FatalError, MessageError, RetryableE
 from kafka2delta.registry import NEGATIVE_TTL_S, RegisteredSchema, SchemaType
 
 _SCHEMA_TYPES = ("AVRO", "PROTOBUF", "JSON")
-_NOT_FOUND_CODES = frozenset({"EntityNotFoundException", "InvalidInputException"})
+_NOT_FOUND_CODE = "EntityNotFoundException"
 _THROTTLING_CODES = frozenset(
     {
         "ThrottlingException",
@@ -87,7 +87,14 @@ class GlueRegistry:
         except ImportError as exc:
             raise ConfigError("schema_registry.type", "'glue' needs boto3: pip install 'kafka2delta[glue]'") from exc
         self._botocore = botocore.exceptions
-        self._client = client if client is not None else _glue_client(config)
+        self._config = config
+        self._own_client = client is None
+        self._client = client
+        if self._own_client:
+            try:
+                self._client = _glue_client(config)  # a bad region or endpoint is a config error at start
+            except RetryableError:
+                self._client = None  # credentials not fetchable yet (a Pod Identity agent starting): at first use
         self.where = f"Glue schema registry at {config.endpoint_url}" if config.endpoint_url else "Glue schema registry"
         """How errors and logs name the registry."""
         self._cache_size = config.cache_size
@@ -113,6 +120,8 @@ class GlueRegistry:
                 del self._missing[version_id]
         self.requests += 1
         try:
+            if self._client is None:
+                self._client = _glue_client(self._config)
             answer = self._client.get_schema_version(SchemaVersionId=str(version_id))
         except self._botocore.ClientError as exc:
             raise self._translate(exc, version_id) from exc
@@ -120,7 +129,11 @@ class GlueRegistry:
             # Refused, a connect or read timeout, a dropped connection: the registry may be back soon.
             raise RetryableError(f"{self.where} is unreachable: {exc}") from exc
         except (self._botocore.NoCredentialsError, self._botocore.PartialCredentialsError) as exc:
-            raise FatalError(f"schema_registry.type: the {self.where} needs AWS credentials: {exc}") from exc
+            # Often an instance-metadata or Pod Identity blip when the client was made: it holds no credentials
+            # for good, so the next attempt makes a new one. The retry budget bounds the wait.
+            if self._own_client:
+                self._client = None
+            raise RetryableError(f"{self.where}: no AWS credentials found ({exc})") from exc
         except self._botocore.CredentialRetrievalError as exc:
             raise RetryableError(f"{self.where}: AWS credentials could not be fetched: {exc}") from exc
         except self._botocore.BotoCoreError as exc:
@@ -138,10 +151,8 @@ class GlueRegistry:
         code = str(error.get("Code", ""))
         message = str(error.get("Message", ""))[:200]
         status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
-        if code in _NOT_FOUND_CODES:
+        if code == _NOT_FOUND_CODE:
             reason = f"schema version {version_id} is not in the Glue schema registry"
-            if code != "EntityNotFoundException":
-                reason = f"the Glue schema registry refused schema version {version_id} ({code}: {message})"
             with self._lock:
                 self._missing[version_id] = (self._clock() + NEGATIVE_TTL_S, reason)
                 self._missing.move_to_end(version_id)
@@ -155,6 +166,8 @@ class GlueRegistry:
                 f"schema_registry.type: the {self.where} refused the AWS credentials ({code}: {message}); "
                 "they need glue:GetSchemaVersion"
             )
+        # InvalidInputException among them: the id we send is a well-formed UUID, so a refusal is not the
+        # message's fault and must not dead-letter every message.
         return FatalError(f"schema_registry.type: the {self.where} answered {code} (HTTP {status}): {message}")
 
     def _parse(self, answer: dict[str, Any], version_id: uuid.UUID) -> RegisteredSchema:
@@ -175,7 +188,8 @@ _SESSION_LOCK = threading.Lock()
 
 
 def _glue_client(config: SchemaRegistryConfig) -> Any:
-    """A boto3 Glue client for ``config`` (no network call: credentials are resolved on first use)."""
+    """A boto3 Glue client for ``config``. botocore resolves the credentials here (instance metadata, a
+    container credentials endpoint …): that failing is a RetryableError, a bad region or endpoint a ConfigError."""
     try:
         import boto3
         import botocore.config
@@ -204,5 +218,7 @@ def _glue_client(config: SchemaRegistryConfig) -> Any:
         raise ConfigError(
             "schema_registry.region", "no AWS region: set it here or in the environment (AWS_REGION)"
         ) from exc
+    except (botocore.exceptions.CredentialRetrievalError, botocore.exceptions.ConnectionError) as exc:
+        raise RetryableError(f"AWS credentials for the Glue schema registry could not be fetched: {exc}") from exc
     except (ValueError, botocore.exceptions.BotoCoreError) as exc:
         raise ConfigError("schema_registry.endpoint_url", f"boto3 refused the Glue client: {exc}") from exc

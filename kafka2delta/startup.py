@@ -30,6 +30,8 @@ class StopDuringStartup(BaseException):
 
 
 def _raise_stop(signum: int, frame: FrameType | None) -> None:
+    for ignored in STOP_SIGNALS:  # a second signal must not interrupt the way out with a traceback
+        signal.signal(ignored, signal.SIG_IGN)
     raise StopDuringStartup(signum)
 
 
@@ -40,15 +42,18 @@ def guard() -> None:
 
 
 def release() -> None:
-    """Give the signals back their defaults: for the commands that are not the daemon (verify, status, the Spark
-    jobs, which install their own handler where they loop)."""
+    """Give the signals back their defaults (for a command line that turned out not to run the daemon)."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def main() -> int:
-    """The ``kafka2delta`` entry point: guard first, then import and run the command line."""
-    guard()
+    """The ``kafka2delta`` entry point: for the daemon, guard first, then import and run the command line. The
+    other commands keep the default handlers: a stopped ``verify`` or Spark job must not exit 0 as if it had
+    done its work."""
+    command = next((arg for arg in sys.argv[1:] if not arg.startswith("-")), "")
+    if command == "ingest":
+        guard()
     try:
         from kafka2delta.cli import main as cli_main  # after guard(), on purpose
 
@@ -56,7 +61,7 @@ def main() -> int:
     except StopDuringStartup as stop:
         line = f"received {stop.signal_name} during start-up: stopped before consuming"
         if logging.getLogger().handlers:  # the config was read: say it in the configured format
-            logging.getLogger("kafka2delta").info(line)
+            logging.getLogger("kafka2delta").warning(line)
         else:
             print(f"kafka2delta: {line}", file=sys.stderr)
         return 0

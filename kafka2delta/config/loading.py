@@ -10,7 +10,7 @@ import os
 import tomllib
 import types
 import typing
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -83,19 +83,13 @@ def load_config(path: str | Path | None, environ: Mapping[str, str] | None = Non
     environ = os.environ if environ is None else environ
     from_files: set[ConfigPath] = set()
     file_variables = secrets_dir_variables(environ)
-    _apply_environment(raw, {**environ, **file_variables}, sources, from_files, file_variables.keys())
+    _apply_environment(raw, {**environ, **file_variables}, sources)
     config = _build(raw, sources, from_files)
     validate_storage_options(config, environ, sources)
     return config
 
 
-def _apply_environment(
-    raw: dict[str, Any],
-    environ: Mapping[str, str],
-    sources: dict[str, str],
-    from_files: set[ConfigPath],
-    file_variables: Collection[str],
-) -> None:
+def _apply_environment(raw: dict[str, Any], environ: Mapping[str, str], sources: dict[str, str]) -> None:
     transforms_variable = f"{ENV_PREFIX}{_TRANSFORMS.upper()}"
     if transforms_variable in environ:
         raw[_TRANSFORMS] = _json_object(_TRANSFORMS, transforms_variable, environ[transforms_variable])
@@ -117,8 +111,6 @@ def _apply_environment(
             sub = environment_file_key(key, variable.split("__", 2)[2])
             raw.setdefault(section, {}).setdefault(key, {})[sub] = value
             sources[f"{dotted}.{sub}"] = variable
-            if variable in file_variables:
-                from_files.add((section, key, sub))
             continue
         if len(parts) != 2:
             raise ConfigError(variable, "expected K2D_<SECTION>__<KEY> (or __<SUBKEY> for settings/storage_options)")
@@ -126,8 +118,6 @@ def _apply_environment(
             value = _json_object(dotted, variable, value)
         raw.setdefault(section, {})[key] = value
         sources[dotted] = variable
-        if variable in file_variables:
-            from_files.add((section, key))
 
 
 # Mappings whose keys are column names (any case, dots allowed): from the environment as one JSON object.

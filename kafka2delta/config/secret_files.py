@@ -7,10 +7,15 @@ Two ways, both read once at start:
   ``K2D_TABLE__STORAGE_OPTIONS__AWS_SECRET_ACCESS_KEY_FILE``. Keys that end in ``_file`` themselves
   (``format.avro_schema_file``, the object store's ``azure_federated_token_file`` …) keep their meaning;
 - ``K2D_SECRETS_DIR``: every file in that directory named like a ``K2D_*`` variable is that variable, with the
-  file's content as its value (a Kubernetes Secret whose keys are ``K2D_*`` names, mounted as a volume).
+  file's content as its value (a Kubernetes Secret whose keys are ``K2D_*`` names, mounted as a volume). Such
+  a variable is treated as if it were in the environment: masked when its key is a secret's (``is_secret_key``),
+  so a topic name kept in the same Secret does not vanish from every log line. Any other file there is refused
+  (an ``AWS_SECRET_ACCESS_KEY`` that used to reach the environment through ``envFrom`` must not be silently
+  ignored).
 
-A value read from a file is a secret whatever its key's name: masked in every printed config and redacted from
-the logs. One trailing newline is dropped (``echo secret > file`` writes one); nothing else is stripped.
+A value read through a ``_file`` key is a secret whatever its key's name: masked in every printed config and
+redacted from the logs. One trailing newline is dropped (``echo secret > file`` writes one); nothing else is
+stripped.
 """
 
 from __future__ import annotations
@@ -56,9 +61,18 @@ def secrets_dir_variables(environ: Mapping[str, str]) -> dict[str, str]:
     if not root.is_dir():
         raise ConfigError(SECRETS_DIR_VARIABLE, f"{directory} is not a directory")
     variables = {}
-    # A mounted Secret holds ..data/ and ..<timestamp>/ beside one symlink per key: only K2D_* names count.
+    # A mounted Secret holds ..data/ and ..<timestamp>/ beside one symlink per key.
     for entry in sorted(root.iterdir()):
-        if entry.name.startswith(ENV_PREFIX) and entry.is_file():
+        if entry.name.startswith("."):
+            continue
+        if not entry.name.startswith(ENV_PREFIX):
+            raise ConfigError(
+                f"{SECRETS_DIR_VARIABLE}/{entry.name}",
+                f"only K2D_* names are read from {directory}: name it after the config key it sets (e.g. "
+                "K2D_TABLE__STORAGE_OPTIONS__AWS_SECRET_ACCESS_KEY), or pass it as an environment variable "
+                "(Helm: secret.mountAsFiles = false)",
+            )
+        if entry.is_file():
             if entry.name in environ:
                 raise ConfigError(
                     entry.name, f"set both in the environment and as a file in {directory} ({SECRETS_DIR_VARIABLE})"

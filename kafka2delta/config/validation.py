@@ -73,6 +73,11 @@ def validate_storage_options(config: Config, environ: Mapping[str, str], sources
     (every commit then fails). The DynamoDB locking provider is gone from delta-rs 1.x (ignored, so
     Spark writers coordinating through DynamoDB would not see our commits), and
     ``AWS_S3_ALLOW_UNSAFE_RENAME`` asks for commits without mutual exclusion.
+
+    Azure (``az://``, ``abfss://``: Put Blob with ``If-None-Match: *``) and GCS (``gs://``: upload with
+    ``x-goog-if-generation-match: 0``) have no such setting: object_store always sends the condition for a
+    put-if-absent and delta-rs 1.x commits every store that way (its Azure and GCS log stores are the default
+    one), so there is nothing to refuse for them.
     """
     found: list[tuple[str, str, str]] = []  # (normalised name, where, value)
     for key, value in config.table.storage_options.items():
@@ -112,12 +117,13 @@ def _validate_format(config: Config) -> None:
     _validate_glue(config)
     if fmt.type == "avro" and not (registry.enabled or fmt.avro_schema_file):
         raise ConfigError(
-            "format.type", "avro needs schema_registry.url (Confluent wire format) or format.avro_schema_file"
+            "format.type",
+            "avro needs a schema registry (schema_registry.url, or type = 'glue') or format.avro_schema_file",
         )
     if fmt.type == "protobuf" and not registry.url:
         raise ConfigError("format.type", "protobuf needs schema_registry.url (Confluent wire format)")
     if fmt.key == "avro" and not registry.enabled:
-        raise ConfigError("format.key", "avro keys need schema_registry.url")
+        raise ConfigError("format.key", "avro keys need a schema registry (schema_registry.url, or type = 'glue')")
     if fmt.gzip and fmt.type not in ("json", "raw"):
         raise ConfigError("format.gzip", f"gzip applies to json and raw payloads, not {fmt.type}")
     if fmt.avro_schema_file and fmt.type != "avro":

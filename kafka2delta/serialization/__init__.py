@@ -121,7 +121,10 @@ def build_deserializer(format: FormatConfig, registry: Registry | None, topic: s
     if format.type == "avro":
         reader = load_avro_schema_file(format.avro_schema_file) if format.avro_schema_file else None
         if registry is None and reader is None:
-            raise ConfigError("format.type", "avro needs schema_registry.url or format.avro_schema_file")
+            raise ConfigError(
+                "format.type",
+                "avro needs a schema registry (schema_registry.url, or type = 'glue') or format.avro_schema_file",
+            )
         return AvroDeserializer(keys, AvroCodec(framing_of(registry), reader), topic=topic)
     if format.type == "protobuf":
         if registry is None or isinstance(registry, GlueRegistry):
@@ -140,7 +143,7 @@ def build_key_decoder(format: FormatConfig, registry: Registry | None) -> KeyDec
         return parse_json
     if format.key == "avro":
         if registry is None:
-            raise ConfigError("format.key", "avro keys need schema_registry.url")
+            raise ConfigError("format.key", "avro keys need a schema registry (schema_registry.url, or type = 'glue')")
         codec = AvroCodec(framing_of(registry), None)
         return codec.read_any
     raise ConfigError("format.key", f"unknown key format {format.key!r}")

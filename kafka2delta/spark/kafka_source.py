@@ -21,8 +21,16 @@ librdkafka (``kafka.settings``)             Java client
 ``ssl.endpoint.identification.algorithm``   the same (``none`` becomes empty: no host name check)
 ==========================================  =============================================================
 
-Every other setting is passed on as it is (the Java client ignores, with a warning, the librdkafka-only ones).
-A security setting that has no Java form is a :class:`~kafka2delta.errors.ConfigError` naming it.
+The daemon's own consumer-group settings (``partition.assignment.strategy``, ``group.instance.id``,
+``auto.offset.reset``, ``enable.auto.*`` …: Spark's source manages its group itself, and refuses some of them)
+and librdkafka-only settings that share a name with a Java one but not its syntax (``ssl.cipher.suites``:
+OpenSSL names) are left out. Every other setting is passed on as it is (the Java client ignores, with a
+warning, the ones it does not know). A security setting that has no Java form here (Kerberos, OAUTHBEARER) is
+a :class:`~kafka2delta.errors.ConfigError` naming it.
+
+Kafka's Java client reads PEM keys in PKCS#8 only (``BEGIN PRIVATE KEY`` or ``BEGIN ENCRYPTED PRIVATE KEY``);
+librdkafka also reads PKCS#1 (``BEGIN RSA PRIVATE KEY``, cert-manager's default): convert with
+``openssl pkcs8 -topk8 -nocrypt -in key.pem -out key8.pem`` (README "Secured Kafka").
 """
 
 from __future__ import annotations
@@ -57,9 +65,35 @@ _TRANSLATED = (
 )
 
 
+# Not passed to the Java client: the daemon's group membership and fetch queue, and names it spells otherwise.
+_LEFT_OUT = frozenset(
+    {
+        "partition.assignment.strategy",
+        "group.instance.id",
+        "group.id",
+        "auto.offset.reset",
+        "enable.auto.commit",
+        "enable.auto.offset.store",
+        "enable.partition.eof",
+        "queued.max.messages.kbytes",
+        "queued.min.messages",
+        "ssl.cipher.suites",
+    }
+)
+# Security families with no translation here: refused rather than failing inside Spark at run time.
+_UNSUPPORTED_PREFIXES = ("sasl.kerberos.", "sasl.oauthbearer.")
+
+
 def kafka_source_options(bootstrap_servers: str, settings: Mapping[str, str]) -> dict[str, str]:
     """The ``kafka.*`` options of Spark's Kafka source for these bootstrap servers and librdkafka settings."""
-    java = {key: value for key, value in settings.items() if key not in _TRANSLATED}
+    for key in settings:
+        if key.startswith(_UNSUPPORTED_PREFIXES):
+            raise ConfigError(
+                f"kafka.settings.{key}",
+                "the Spark jobs translate SASL/SCRAM, SASL/PLAIN and TLS for Kafka's Java client, not Kerberos or "
+                "OAUTHBEARER",
+            )
+    java = {key: value for key, value in settings.items() if key not in _TRANSLATED and key not in _LEFT_OUT}
     java["bootstrap.servers"] = bootstrap_servers
     java.update(_sasl(settings))
     java.update(_tls(settings))
@@ -101,8 +135,14 @@ def _tls(settings: Mapping[str, str]) -> dict[str, str]:
             "kafka.settings.enable.ssl.certificate.verification",
             "Kafka's Java client (the Spark jobs) cannot skip verifying the broker's certificate: set ssl.ca.location",
         )
-    if settings.get("ssl.ca.location"):
-        java.update({"ssl.truststore.location": settings["ssl.ca.location"], "ssl.truststore.type": "PEM"})
+    ca_location = settings.get("ssl.ca.location", "")
+    if ca_location and ca_location != "probe":  # "probe": the system's CAs, which the JVM has of its own
+        if ca_location.endswith("/"):
+            raise ConfigError(
+                "kafka.settings.ssl.ca.location",
+                "Kafka's Java client (the Spark jobs) wants one PEM file of CA certificates, not a directory",
+            )
+        java.update({"ssl.truststore.location": ca_location, "ssl.truststore.type": "PEM"})
     elif settings.get("ssl.ca.pem"):
         java.update({"ssl.truststore.certificates": settings["ssl.ca.pem"], "ssl.truststore.type": "PEM"})
     certificate, key = settings.get("ssl.certificate.location"), settings.get("ssl.key.location")
@@ -115,7 +155,16 @@ def _tls(settings: Mapping[str, str]) -> dict[str, str]:
                 "keystore (ssl.keystore.location, ssl.keystore.password)",
             )
         java.update({"ssl.keystore.location": str(key), "ssl.keystore.type": "PEM"})
-    elif settings.get("ssl.certificate.pem") and settings.get("ssl.key.pem"):
+    elif settings.get("ssl.certificate.pem") or settings.get("ssl.key.pem"):
+        for name in ("ssl.certificate.pem", "ssl.key.pem"):
+            if not settings.get(name):
+                raise ConfigError(f"kafka.settings.{name}", "is needed too: the client certificate comes with its key")
+        if "BEGIN RSA PRIVATE KEY" in settings["ssl.key.pem"] or "Proc-Type:" in settings["ssl.key.pem"]:
+            raise ConfigError(
+                "kafka.settings.ssl.key.pem",
+                "Kafka's Java client (the Spark jobs) reads PKCS#8 keys only (BEGIN PRIVATE KEY): convert it with "
+                "openssl pkcs8 -topk8",
+            )
         java["ssl.keystore.certificate.chain"] = settings["ssl.certificate.pem"]
         java["ssl.keystore.key"] = settings["ssl.key.pem"]
         java["ssl.keystore.type"] = "PEM"
@@ -133,4 +182,4 @@ def _tls(settings: Mapping[str, str]) -> dict[str, str]:
 
 def _jaas_quoted(value: str) -> str:
     """``value`` inside a JAAS double-quoted string (Kafka parses it with a StreamTokenizer: backslash escapes)."""
-    return value.replace("\\", "\\\\").replace('"', '\\"')
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\r", "\\r")

@@ -31,13 +31,14 @@ from dev.postgres.postgres import Database
 from tests.support.harness import ROOT, Daemon
 from tests.support.replication import (
     KEYS,
+    KilledDaemon,
     Workload,
     assert_equal_tables,
     committed,
     config_text,
     high_watermarks,
     run_workload,
-    snapshot_arrived,
+    wait_for_snapshot,
     wait_quiet,
 )
 
@@ -119,22 +120,9 @@ def test_targets_equal_postgres_through_changelogs_apply_changes_and_sigkills(
     text = config_text(tmp_path, kafka_bootstrap, prefix, "json", None, mode="changelog")
     config_path.write_text(text + f'\n[jobs]\ncheckpoint_dir = "{tmp_path}/checkpoints"\ntrigger_interval_s = 1.0\n')
     env = {k: v for k, v in os.environ.items() if not k.startswith("K2D_")}
-    logs = iter(range(1000))
-
-    def start(*extra: str, fault: str | None = None) -> Daemon:
-        armed = {**env, "K2D_FAULT_INJECT": fault} if fault else env
-        args = [sys.executable, "-m", "kafka2delta", "ingest", "-c", str(config_path), *extra]
-        return Daemon(args, armed, tmp_path / f"daemon-{next(logs)}.log")
-
-    deadline = time.monotonic() + 60
-    while not snapshot_arrived(kafka_bootstrap, topics):
-        assert time.monotonic() < deadline, "Debezium's snapshot did not reach every topic in 60 s"
-        time.sleep(0.5)
-    rng = random.Random(11)
-    kill_at = sorted(rng.sample(range(OPERATIONS), KILLS))
-    faults = [FAULTS[i] if i < len(FAULTS) and i < KILLS - 1 else None for i in range(KILLS)]
-    daemons = [start()]
-    committed(daemons[0])
+    wait_for_snapshot(kafka_bootstrap, topics)
+    daemon = KilledDaemon(config_path, env, tmp_path, operations=OPERATIONS, kills=KILLS, faults=FAULTS, seed=11)
+    committed(daemon.current)  # the changelog tables exist before the job reads one
 
     jobs = Jobs(tmp_path, config_path, prefix, env)
     workload_done = threading.Event()
@@ -149,7 +137,7 @@ def test_targets_equal_postgres_through_changelogs_apply_changes_and_sigkills(
             job_kills["fault"] += "fault injection: SIGKILL at after_apply_merge" in killed.log()
             jobs.run("accounts")  # replays the killed micro-batch: skipped by its txn version
             victim = jobs.start("accounts")
-            time.sleep(rng.uniform(8.0, 20.0))  # Spark is up, somewhere in its turn
+            time.sleep(random.Random(13).uniform(8.0, 20.0))  # Spark is up, somewhere in its turn
             victim.kill()
             job_kills["outside"] += 1
             while not workload_done.is_set():
@@ -160,19 +148,11 @@ def test_targets_equal_postgres_through_changelogs_apply_changes_and_sigkills(
     applying = threading.Thread(target=apply_meanwhile, daemon=True)
     applying.start()
 
-    def kill_and_restart(step: int) -> None:
-        if kill_at and step == kill_at[0]:
-            kill_at.pop(0)
-            committed(daemons[-1])
-            time.sleep(rng.uniform(0.0, 1.5))
-            daemons[-1].kill()
-            daemons.append(start(fault=faults[KILLS - len(kill_at) - 1]))
-
-    run_workload(workload, OPERATIONS, kill_and_restart)
+    run_workload(workload, OPERATIONS, daemon.on_step)
     wait_quiet(kafka_bootstrap, topics)
     messages = sum(high_watermarks(kafka_bootstrap, topics).values())
-    assert daemons[-1].stop() == 0, daemons[-1].log()[-3000:]
-    final = start("--until-caught-up")
+    assert daemon.current.stop() == 0, daemon.current.log()[-3000:]
+    final = daemon.start("--until-caught-up")
     assert final.wait(300) == 0, final.log()[-3000:]
     verify = subprocess.run(
         [sys.executable, "-m", "kafka2delta", "verify", "-c", str(config_path)],

@@ -12,10 +12,8 @@ with ``K2D_CHAOS=full`` (10,000 rows, 8 kills).
 from __future__ import annotations
 
 import os
-import random
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -25,16 +23,16 @@ from deltalake import DeltaTable
 
 from dev.connect.connect import ConnectClient, Converter, debezium_postgres_config
 from dev.postgres.postgres import Database
-from tests.support.harness import ROOT, Daemon
+from tests.support.harness import ROOT
 from tests.support.replication import (
     KEYS,
+    KilledDaemon,
     Workload,
     assert_equal_tables,
-    committed,
     config_text,
     high_watermarks,
     run_workload,
-    snapshot_arrived,
+    wait_for_snapshot,
     wait_quiet,
 )
 
@@ -67,34 +65,11 @@ def test_postgres_tables_equal_their_delta_tables_through_debezium_and_sigkills(
     config_path = tmp_path / "config.toml"
     config_path.write_text(config_text(tmp_path, kafka_bootstrap, prefix, converter, registry))
     env = {k: v for k, v in os.environ.items() if not k.startswith("K2D_")}
-    args = [sys.executable, "-m", "kafka2delta", "ingest", "-c", str(config_path)]
-    logs = iter(range(1000))
-
-    def start(*extra: str, fault: str | None = None) -> Daemon:
-        armed = {**env, "K2D_FAULT_INJECT": fault} if fault else env
-        return Daemon([*args, *extra], armed, tmp_path / f"daemon-{next(logs)}.log")
-
-    deadline = time.monotonic() + 60  # the worker creates the topics as the snapshot reaches them
-    while not snapshot_arrived(kafka_bootstrap, topics):
-        assert time.monotonic() < deadline, "Debezium's snapshot did not reach every topic in 60 s"
-        time.sleep(0.5)
-    rng = random.Random(7)
-    kill_at = sorted(rng.sample(range(OPERATIONS), KILLS))
+    wait_for_snapshot(kafka_bootstrap, topics)
     # The first restarts kill themselves at a named step of their second commit (the MERGE computed and not
     # made; after its commit; after the rows were checked), the last ones are SIGKILLed from outside.
-    faults = [FAULTS[i] if i < len(FAULTS) and i < KILLS - 1 else None for i in range(KILLS)]
-    daemons = [start()]
-
-    def kill_and_restart(step: int) -> None:
-        if kill_at and step == kill_at[0]:
-            kill_at.pop(0)
-            committed(daemons[-1])  # kill a daemon that is committing, at a random moment of its work
-            time.sleep(rng.uniform(0.0, 1.5))
-            daemons[-1].kill()  # nothing to do when it already killed itself at its fault point
-            daemons.append(start(fault=faults[KILLS - len(kill_at) - 1]))
-
-    run_workload(workload, OPERATIONS, kill_and_restart)
-    daemon = daemons[-1]
+    daemon = KilledDaemon(config_path, env, tmp_path, operations=OPERATIONS, kills=KILLS, faults=FAULTS, seed=7)
+    run_workload(workload, OPERATIONS, daemon.on_step)
     wait_quiet(kafka_bootstrap, topics)
     messages = sum(high_watermarks(kafka_bootstrap, topics).values())
     fired = [
@@ -103,8 +78,8 @@ def test_postgres_tables_equal_their_delta_tables_through_debezium_and_sigkills(
         for line in log.read_text().splitlines()
         if "fault injection: SIGKILL at" in line
     ]
-    assert daemon.stop() == 0, daemon.log()[-3000:]
-    final = start("--until-caught-up")
+    assert daemon.current.stop() == 0, daemon.current.log()[-3000:]
+    final = daemon.start("--until-caught-up")
     assert final.wait(300) == 0, final.log()[-3000:]
 
     with workload.connect() as conn:

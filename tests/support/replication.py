@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import random
+import sys
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -177,6 +178,43 @@ def run_workload(workload: Workload, operations: int, on_step: Callable[[int], N
                 time.sleep(0.05)
 
 
+class KilledDaemon:
+    """The daemon of a replication test (``kafka2delta ingest -c <config>``), killed at ``kills`` random steps of
+    the workload (:meth:`on_step`) and restarted: the first restarts kill themselves at ``faults`` (one each),
+    the last one is SIGKILLed from outside only. Its logs are ``<logs>/daemon-<n>.log``."""
+
+    def __init__(
+        self,
+        config: Path,
+        env: dict[str, str],
+        logs: Path,
+        *,
+        operations: int,
+        kills: int,
+        faults: Sequence[str],
+        seed: int,
+    ) -> None:
+        self._args = [sys.executable, "-m", "kafka2delta", "ingest", "-c", str(config)]
+        self._env, self._logs, self._runs = env, logs, iter(range(1000))
+        self._rng = random.Random(seed)
+        self._kill_at = sorted(self._rng.sample(range(operations), kills))
+        self._faults = [faults[i] if i < len(faults) and i < kills - 1 else None for i in range(kills)]
+        self._kills = kills
+        self.current = self.start()
+
+    def start(self, *extra: str, fault: str | None = None) -> Daemon:
+        env = {**self._env, "K2D_FAULT_INJECT": fault} if fault else self._env
+        return Daemon([*self._args, *extra], env, self._logs / f"daemon-{next(self._runs)}.log")
+
+    def on_step(self, step: int) -> None:
+        if self._kill_at and step == self._kill_at[0]:
+            self._kill_at.pop(0)
+            committed(self.current)  # kill a daemon that is committing, at a random moment of its work
+            time.sleep(self._rng.uniform(0.0, 1.5))
+            self.current.kill()  # nothing to do when it already killed itself at its fault point
+            self.current = self.start(fault=self._faults[self._kills - len(self._kill_at) - 1])
+
+
 def high_watermarks(bootstrap: str, topics: list[str]) -> dict[str, int]:
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"hw-{uuid.uuid4().hex[:6]}"})
     try:
@@ -190,6 +228,14 @@ def snapshot_arrived(bootstrap: str, topics: list[str]) -> bool:
         return all(high_watermarks(bootstrap, topics).values())
     except KafkaException:  # a topic the worker has not created yet
         return False
+
+
+def wait_for_snapshot(bootstrap: str, topics: list[str], timeout: float = 60) -> None:
+    """Until Debezium's snapshot reached every topic (the worker creates them as it does)."""
+    deadline = time.monotonic() + timeout
+    while not snapshot_arrived(bootstrap, topics):
+        assert time.monotonic() < deadline, f"Debezium's snapshot did not reach every topic in {timeout:g} s"
+        time.sleep(0.5)
 
 
 def wait_quiet(bootstrap: str, topics: list[str], quiet_s: float = 4.0, timeout: float = 120) -> None:

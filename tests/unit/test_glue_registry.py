@@ -15,6 +15,7 @@ import pytest
 from botocore.stub import Stubber
 from moto import mock_aws
 
+from kafka2delta import registry_glue
 from kafka2delta.cli import open_registry
 from kafka2delta.config import FormatConfig, SchemaRegistryConfig, load_config
 from kafka2delta.errors import ConfigError, FatalError, MessageError, RetryableError
@@ -117,7 +118,8 @@ def test_an_unknown_version_is_a_message_error_remembered_for_a_while(glue: Glue
         ("AccessDeniedException", 400, FatalError, "refused the AWS credentials"),
         ("ExpiredTokenException", 400, FatalError, "refused the AWS credentials"),
         ("ValidationException", 400, FatalError, "schema_registry.type: the Glue schema registry answered Valid"),
-        ("InvalidInputException", 400, MessageError, f"refused schema version {UNKNOWN}"),
+        # The id sent is a well-formed UUID: a refusal is systemic, never one message's fault.
+        ("InvalidInputException", 400, FatalError, "answered InvalidInputException (HTTP 400)"),
     ],
 )
 def test_glue_errors_are_translated(code: str, status: int, error: type[Exception], words: str) -> None:
@@ -141,6 +143,24 @@ def test_an_unreachable_glue_is_retryable(monkeypatch: pytest.MonkeyPatch) -> No
     with pytest.raises(RetryableError) as caught:
         edge.schema_version(UNKNOWN)
     assert f"Glue schema registry at http://127.0.0.1:{port} is unreachable" in str(caught.value)
+
+
+def test_missing_credentials_are_retried_with_a_new_client(glue: GlueSchemas, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An instance-metadata blip at start leaves a client without credentials for good: retry with a new one."""
+    version = glue.register("events", V1)
+    monkeypatch.setattr(registry_glue, "_SESSION", None)  # no credentials cached from other tests
+    saved = {name: value for name, value in glue_environment().items() if name != "AWS_REGION"}
+    for name in saved:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    edge = GlueRegistry(SchemaRegistryConfig(type="glue", region=REGION))
+    with pytest.raises(RetryableError, match="no AWS credentials found"):
+        edge.schema_version(version)
+    for name, value in saved.items():  # the credentials arrive (the metadata endpoint answers again)
+        monkeypatch.setenv(name, value)
+    assert edge.schema_version(version).id == 1  # Glue's version number
 
 
 def test_an_answer_that_is_not_a_schema_is_fatal() -> None:

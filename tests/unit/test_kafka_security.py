@@ -7,7 +7,7 @@ import pytest
 from confluent_kafka import KafkaError
 
 from kafka2delta.errors import ConfigError, FatalError
-from kafka2delta.kafka import SecurityWatch, new_consumer, security_failure
+from kafka2delta.kafka import SECURITY_GRACE_S, SecurityWatch, new_consumer, security_failure
 from kafka2delta.spark.kafka_source import kafka_source_options
 
 # What librdkafka 2.x reports to the error callback (copied from runs against dev/kafka's SecuredBroker).
@@ -129,6 +129,26 @@ def test_the_watch_keeps_the_first_failure_and_raises_it_when_checked() -> None:
         watch.check()
 
 
+def test_once_admitted_a_refusal_is_fatal_only_if_it_lasts() -> None:
+    """A SCRAM credential missing on a restarted broker, a re-authentication mid rolling restart: passing."""
+    now = [0.0]
+    watch = SecurityWatch(SASL, clock=lambda: now[0])
+    watch.admitted()
+    watch.saw(KafkaError(KafkaError._AUTHENTICATION, WRONG_PASSWORD))
+    watch.check()  # logged, librdkafka retries
+    now[0] = 100.0
+    watch.saw(KafkaError(KafkaError._AUTHENTICATION, WRONG_PASSWORD))
+    watch.check()
+    watch.admitted()  # a message again: the refusal passed
+    now[0] = 1000.0
+    watch.saw(KafkaError(KafkaError._AUTHENTICATION, WRONG_PASSWORD))
+    watch.check()
+    now[0] = 1000.0 + SECURITY_GRACE_S
+    watch.saw(KafkaError(KafkaError._AUTHENTICATION, WRONG_PASSWORD))
+    with pytest.raises(FatalError, match=rf"sasl\.password: .*\(for {SECURITY_GRACE_S} s\)$"):
+        watch.check()
+
+
 # ---------------------------------------------------------------------------- Spark's Kafka source
 
 SCRAM = "org.apache.kafka.common.security.scram.ScramLoginModule"
@@ -225,3 +245,44 @@ def test_a_setting_librdkafka_refuses_is_a_config_error_naming_it(setting: str, 
         new_consumer(settings)
     assert raised.value.key == key
     assert "librdkafka refused it" in str(raised.value)
+
+
+def test_the_daemons_group_settings_do_not_reach_the_java_client() -> None:
+    settings = {
+        **SASL,
+        "partition.assignment.strategy": "cooperative-sticky",  # a class list in Java: ConfigException
+        "group.instance.id": "k2d-0",
+        "auto.offset.reset": "earliest",  # refused by Spark's Kafka source
+        "ssl.cipher.suites": "ECDHE-RSA-AES256-GCM-SHA384",  # OpenSSL names
+        "ssl.ca.location": "probe",  # the system's CAs: the JVM has its own
+        "fetch.max.bytes": "1048576",
+    }
+    options = kafka_source_options("b:9093", settings)
+    for key in ("partition.assignment.strategy", "group.instance.id", "auto.offset.reset", "ssl.cipher.suites"):
+        assert f"kafka.{key}" not in options
+    assert "kafka.ssl.truststore.location" not in options
+    assert options["kafka.fetch.max.bytes"] == "1048576"
+
+
+@pytest.mark.parametrize(
+    ("extra", "key"),
+    [
+        ({"sasl.oauthbearer.client.id": "x"}, "kafka.settings.sasl.oauthbearer.client.id"),
+        ({"sasl.kerberos.service.name": "kafka"}, "kafka.settings.sasl.kerberos.service.name"),
+        ({"ssl.ca.location": "/etc/ssl/certs/"}, "kafka.settings.ssl.ca.location"),
+        ({"ssl.key.pem": "-----BEGIN PRIVATE KEY-----"}, "kafka.settings.ssl.certificate.pem"),
+        (
+            {"ssl.certificate.pem": "-----BEGIN CERTIFICATE-----", "ssl.key.pem": "-----BEGIN RSA PRIVATE KEY-----"},
+            "kafka.settings.ssl.key.pem",
+        ),
+    ],
+)
+def test_security_settings_the_java_client_cannot_take_are_refused(extra: dict[str, str], key: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        kafka_source_options("b:9093", {**SASL, **extra})
+    assert raised.value.key == key
+
+
+def test_a_newline_in_a_password_stays_inside_the_jaas_string() -> None:
+    options = kafka_source_options("b:9093", {**SASL, "sasl.password": "two\nlines"})
+    assert 'password="two\\nlines";' in options["kafka.sasl.jaas.config"]

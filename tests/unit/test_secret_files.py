@@ -97,16 +97,32 @@ def test_secrets_dir_holds_variables_as_files(tmp_path: Path) -> None:
     stamped.mkdir(parents=True)
     (stamped / "K2D_KAFKA__SETTINGS__SASL_PASSWORD").write_text("mounted-secret")
     (stamped / "K2D_TABLE__STORAGE_OPTIONS__AWS_ACCESS_KEY_ID").write_text("AKIAMOUNTED\n")
-    (stamped / "README").write_text("not a variable")
+    (stamped / "K2D_KAFKA__GROUP_ID").write_text("orders-ingest")
+    (stamped / "K2D_SCHEMA_REGISTRY__PASSWORD_FILE").write_text(write(tmp_path / "registry", "via-file"))
     (tmp_path / "secrets" / "..data").symlink_to(stamped.name)
-    for name in ("K2D_KAFKA__SETTINGS__SASL_PASSWORD", "K2D_TABLE__STORAGE_OPTIONS__AWS_ACCESS_KEY_ID", "README"):
+    names = [p.name for p in stamped.iterdir()]
+    for name in names:
         (tmp_path / "secrets" / name).symlink_to(f"..data/{name}")
     environ = {"K2D_SECRETS_DIR": str(tmp_path / "secrets")}
-    config = load_config(config_file(tmp_path), environ=environ)
+    config = load_config(config_file(tmp_path, "[schema_registry]\nurl = 'http://r:8081'\nusername = 'u'\n"), environ)
     assert config.kafka.settings["sasl.password"] == "mounted-secret"
     assert config.table.storage_options["AWS_ACCESS_KEY_ID"] == "AKIAMOUNTED"
+    assert config.kafka.group_id == "orders-ingest"
+    assert config.schema_registry.password == "via-file"  # a _FILE variable in the directory names a file too
     assert config.masked()["table"]["storage_options"]["AWS_ACCESS_KEY_ID"] == MASK
-    assert {"mounted-secret", "AKIAMOUNTED"} <= set(config.secret_values())
+    assert {"mounted-secret", "AKIAMOUNTED", "via-file"} <= set(config.secret_values())
+    # As in the environment, a value whose key is no secret's stays readable in the logs.
+    assert "orders-ingest" not in config.secret_values()
+
+
+def test_secrets_dir_refuses_a_file_that_is_no_k2d_variable(tmp_path: Path) -> None:
+    (tmp_path / "secrets").mkdir()
+    (tmp_path / "secrets" / "AWS_SECRET_ACCESS_KEY").write_text("would be ignored")
+    with pytest.raises(ConfigError) as raised:
+        load_config(config_file(tmp_path), environ={"K2D_SECRETS_DIR": str(tmp_path / "secrets")})
+    assert raised.value.key == "K2D_SECRETS_DIR/AWS_SECRET_ACCESS_KEY"
+    assert "K2D_TABLE__STORAGE_OPTIONS__AWS_SECRET_ACCESS_KEY" in raised.value.problem
+    assert "would be ignored" not in str(raised.value)
 
 
 def test_secrets_dir_and_environment_naming_one_variable_is_refused(tmp_path: Path) -> None:
