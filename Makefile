@@ -84,6 +84,12 @@ clean:
 tools:
 	$(PYTHON) -m dev.tools ensure chromium prometheus
 
+.PHONY: object-store-tools
+## object-store-tools: Azurite (npm) and fake-gcs-server (go install, ~10 min the first time) for the Azure and GCS
+## tests, cached in ~/.cache/kafka2delta/tools (the tests install them on first use too)
+object-store-tools: install
+	$(PY) -m dev.object_stores.tools
+
 # --- container images and Helm chart (docs/OPERATING.md) ---
 .PHONY: helm-tools helm-alerts helm-check container-check
 

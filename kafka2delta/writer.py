@@ -159,7 +159,26 @@ def _filesystem(uri: str, storage_options: Mapping[str, str]) -> tuple[pa_fs.Fil
             scheme=scheme or "https",
         )
         return filesystem, parsed.netloc + parsed.path
-    raise ConfigError("table.uri", f"unsupported scheme {parsed.scheme!r} (local paths and s3:// are supported)")
+    if parsed.scheme in AZURE_SCHEMES + GCS_SCHEMES:
+        # Through delta-rs's own object_store client, built from the same storage options as every DeltaTable
+        # call (endpoint, credentials, retries): pyarrow's Azure and GCS filesystems take settings of their own
+        # (GCS: no service-account key at all), which would have to be translated and could drift apart.
+        from deltalake.fs import DeltaStorageHandler
+
+        container = f"{parsed.scheme}://{parsed.netloc}"
+        handler = DeltaStorageHandler(container, dict(storage_options))
+        return pa_fs.PyFileSystem(handler), parsed.path.strip("/")
+    raise ConfigError(
+        "table.uri",
+        f"unsupported scheme {parsed.scheme!r} (local paths, s3://, az:// or abfss:// and gs:// are supported)",
+    )
+
+
+AZURE_SCHEMES = ("az", "azure", "abfs", "abfss", "adl")
+"""Azure Blob Storage / ADLS Gen2 table URIs (object_store's names): ``az://container/path``,
+``abfss://container@account.dfs.core.windows.net/path``."""
+GCS_SCHEMES = ("gs",)
+"""Google Cloud Storage table URIs: ``gs://bucket/path``."""
 
 
 _COMMIT_FILE = re.compile(r"^(\d{20})\.json$")

@@ -10,7 +10,9 @@ config file) and daemon subprocesses."""
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -53,18 +55,22 @@ def schema_registry_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[st
 
 
 @pytest.fixture(scope="session")
-def postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Database]:
+def postgres() -> Iterator[Database]:
     """A PostgreSQL database with ``wal_level=logical`` and a superuser role Debezium can log in with."""
     external = os.environ.get("K2D_TEST_POSTGRES_DSN")
     if external:
         yield Database.from_dsn(external)
         return
-    server = LocalPostgres(tmp_path_factory.mktemp("postgres"))
+    # Not under pytest's base temp: any other pytest run on the machine resets /tmp/pytest-of-<user> to 0700,
+    # and PostgreSQL, running as its own OS user, would lose its data directory mid-test (PANIC).
+    work = Path(tempfile.mkdtemp(prefix="k2d-postgres-"))
+    server = LocalPostgres(work)
     try:
         server.start()
         yield server.database
     finally:
         server.stop()
+        shutil.rmtree(work, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -164,6 +164,17 @@ def spark_path(uri: str) -> str:
     """The table's location as Spark's Hadoop filesystems name it: absolute local paths, ``s3a://`` for ``s3://``."""
     if "://" not in uri:
         return str(Path(uri).resolve())
+    from kafka2delta.writer import AZURE_SCHEMES, GCS_SCHEMES
+
+    scheme = uri.split("://", 1)[0].lower()
+    if scheme in AZURE_SCHEMES + GCS_SCHEMES:
+        # hadoop-azure / gcs-connector, their credentials and an equivalent of delta-rs's put-if-absent commit
+        # (Delta's AzureLogStore / GCSLogStore) are not wired up for the Spark jobs.
+        raise ConfigError(
+            "table.uri",
+            f"{uri}: the Spark jobs (maintain, jobs) support local and s3:// tables only; the daemon, status and "
+            f"verify support {scheme}:// (README 'Object storage')",
+        )
     if uri.startswith("s3://"):
         return "s3a://" + uri.removeprefix("s3://")
     return uri
