@@ -11,7 +11,9 @@
 # outside /tmp, so they run with a read-only root filesystem and an emptyDir (or tmpfs) on /tmp.
 
 # Debian 12 (bookworm): the maintenance image takes Java 17 from Debian, and bookworm is the last Debian
-# release with openjdk-17. Pin a digest (python:3.11-slim-bookworm@sha256:…) in a release pipeline.
+# release with openjdk-17. Pin a digest (python:3.11-slim-bookworm@sha256:…) in a release pipeline. Any bookworm
+# image with Debian's python3 and python3-venv works too: `make image-test` builds on one made from Debian
+# packages (dev/image.py: mmdebstrap, then buildah bud --build-arg PYTHON_IMAGE=localhost/k2d-base:bookworm).
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 # ---------------------------------------------------------------------------------------------------------

@@ -109,6 +109,22 @@ helm-check: install
 container-check: install
 	$(PY) -m pytest -q tests/integration/test_container.py
 
+# The images built for real without Docker (dev/image.py: mmdebstrap base, buildah, podman; root; store in
+# K2D_IMAGE_DIR, default /var/tmp/kafka2delta-images). Opt-in: not part of `make test`.
+.PHONY: image-build image-test image-clean
+
+## image-build: a bookworm base from Debian packages, then the daemon and maintenance images on it with buildah
+image-build: install
+	$(PY) -m dev.image build
+
+## image-test: image-build, then run the images with podman: ingest against a real broker, maintain optimize
+image-test: install
+	K2D_IMAGE_TEST=1 $(PY) -m pytest -q -s tests/image --durations=0
+
+## image-clean: remove the image store (every image, container and layer of dev/image.py)
+image-clean: install
+	$(PY) -m dev.image clean
+
 # --- Spark jobs (kafka2delta maintain / jobs) and the job coordinator's ZooKeeper
 .PHONY: spark-test spark-soak zookeeper-start zookeeper-stop
 ZOOKEEPER_DIR ?= .k2d/zookeeper

@@ -28,6 +28,14 @@ TOOLS: dict[str, tuple[str, tuple[str, ...]]] = {
     "chromium": ("chromium", ("chromium",)),
     "prometheus": ("prometheus", ("prometheus", "promtool")),
     "postgresql": ("postgresql", ("psql", "/usr/lib/postgresql/*/bin/initdb", "/usr/lib/postgresql/*/bin/postgres")),
+    # The container images built for real without a Docker engine (dev/image.py, `make image-test`, as root): a
+    # base from Debian packages (mmdebstrap), the Dockerfile built by buildah and run by podman with runc, not
+    # Debian's default crun: crun 1.8 refuses a cgroup v1/v2 hybrid host whose v2 hierarchy has a controller
+    # ("cgroups in hybrid mode not supported"), even with --cgroups=disabled.
+    "mmdebstrap": ("mmdebstrap", ("mmdebstrap",)),
+    "buildah": ("buildah", ("buildah",)),
+    "podman": ("podman", ("podman",)),
+    "runc": ("runc", ("runc",)),
 }
 _POLICY = Path("/usr/sbin/policy-rc.d")
 _LOCK = Path("/tmp/kafka2delta-dev-tools.lock")

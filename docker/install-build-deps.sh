@@ -6,6 +6,11 @@
 set -eu
 
 packages="build-essential"
+# A base with Debian's python3 (dev/image.py's local base, for building without a registry) has neither pip
+# nor the C headers; python.org's image (the default PYTHON_IMAGE) has both in /usr/local.
+if ! "${PYTHON:-python3}" -m pip --version >/dev/null 2>&1; then
+    packages="$packages python3-pip python3-dev"
+fi
 if [ "${1:-}" = "maven" ]; then
     # openjdk's postinst links man pages into a directory the slim images do not have.
     mkdir -p /usr/share/man/man1
