@@ -13,6 +13,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,7 +22,9 @@ from typing import Any
 import pytest
 
 from dev.connect.connect import ConnectClient, LocalConnect
+from dev.k8s_tools import ToolError
 from dev.kafka.broker import LocalBroker, create_topic
+from dev.object_stores.tools import ensure_azurite, ensure_fake_gcs
 from dev.postgres.postgres import Database, LocalPostgres
 from dev.registry.registry import LocalRegistry
 from tests.support.harness import METADATA_COLUMNS, SCHEMA, Daemon, Setup, Topic, toml_section
@@ -159,3 +162,20 @@ def daemon_factory(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
         if daemon.process.poll() is None:
             daemon.process.kill()
             daemon.process.wait()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """On a new machine the object-store emulators are installed first (fake-gcs-server's `go install` takes
+    minutes): start that in the background as soon as the tests that need them are known, so it overlaps the
+    tests that run before them. Their fixtures install through the same file lock, so they wait for it (and
+    report its error, if any, as a failure)."""
+    if any("object_store" in item.nodeid for item in session.items):
+        threading.Thread(target=_install_object_store_tools, name="object-store-tools", daemon=True).start()
+
+
+def _install_object_store_tools() -> None:
+    try:
+        ensure_azurite()
+        ensure_fake_gcs()
+    except ToolError:
+        pass  # the fixture that needs the tool runs the install again and fails with this error, on its test
