@@ -34,19 +34,10 @@ class Shape:
 
 
 @dataclass
-class TypedGroup:
-    """The messages of one writer schema: records decoded to dicts, and rows already decoded to columns."""
-
+class _Group:
     shape: Shape
     positions: list[int] = field(default_factory=list)
     values: list[dict[str, Any]] = field(default_factory=list)
-    columns: tuple[list[int], pa.Table] | None = None
-    """Positions and their rows, typed ``shape.arrow``, read by a column lane (Avro's): no documents."""
-
-
-def first_position(group: TypedGroup) -> int:
-    """The first message of a group (groups in this order are in the order a per-message pass meets them)."""
-    return min(group.positions[:1] + (group.columns[0][:1] if group.columns is not None else []))
 
 
 def grouped_decode(
@@ -55,7 +46,7 @@ def grouped_decode(
     read: Callable[[bytes], tuple[Hashable, Shape, dict[str, Any]]],
 ) -> Decoded:
     """Decode each message with ``read`` (→ writer-schema key, its shape, the record), grouped by writer."""
-    groups: dict[Hashable, TypedGroup] = {}
+    groups: dict[Hashable, _Group] = {}
     failures: list[tuple[int, MessageError]] = []
     for position in positions:
         try:
@@ -65,25 +56,19 @@ def grouped_decode(
             continue
         group = groups.get(key)
         if group is None:
-            group = groups[key] = TypedGroup(shape)
+            group = groups[key] = _Group(shape)
         group.positions.append(position)
         group.values.append(value)
-    return typed_decode(groups.values(), failures)
+    return _typed_decode(groups.values(), failures)
 
 
-def typed_decode(
-    groups: Iterable[TypedGroup],
-    failures: list[tuple[int, MessageError]],
-    document: Callable[[int], dict[str, Any]] | None = None,
-) -> Decoded:
+def _typed_decode(groups: Iterable[_Group], failures: list[tuple[int, MessageError]]) -> Decoded:
     """Groups of decoded records (one group per writer schema) → one table, typed by the schemas.
 
-    Every decoded dict is also a document; the rows a column lane read (``TypedGroup.columns``) are one more
-    piece of their group's table. A record ``pa.array`` refuses on its own (a decimal wider than its declared
-    precision, a timestamp out of range …) is left to the reference lane; groups whose types cannot be
-    promoted into one table (a field that changed type between versions) go to the reference lane as a
-    whole, except the largest: ``document`` (position → document, or MessageError) then decodes the rows of
-    theirs a column lane read, which have no document yet.
+    Every decoded dict is also a document. A record ``pa.array`` refuses on its own (a decimal wider
+    than its declared precision, a timestamp out of range …) is left to the reference lane; groups
+    whose types cannot be promoted into one table (a field that changed type between versions) go
+    to the reference lane as a whole, except the largest.
     """
     documents: dict[int, dict[str, Any]] = {}
     pieces: list[tuple[list[int], pa.Table]] = []
@@ -95,15 +80,7 @@ def typed_decode(
             pieces.append(([], pa.Table.from_batches([], pa.schema(list(struct_type)))))
             continue
 
-        columns = group.columns if group.columns is not None and group.columns[0] else None
-        if columns is not None:
-            pieces.append(columns)
-        if not group.values:
-            if columns is None:
-                pieces.append(([], pa.Table.from_batches([], pa.schema(list(struct_type)))))
-            continue
-
-        def attempt(chunk: list[int], group: TypedGroup = group) -> pa.Table:
+        def attempt(chunk: list[int], group: _Group = group) -> pa.Table:
             array = pa.array([group.values[i] for i in chunk], type=group.shape.arrow)
             return pa.Table.from_struct_array(array)
 
@@ -112,20 +89,11 @@ def typed_decode(
             attempt,
             (pa.ArrowInvalid, pa.ArrowTypeError, ValueError, TypeError, OverflowError),
         )
-        if not good and columns is None:
+        if not good:
             pieces.append(([], pa.Table.from_batches([], pa.schema(list(struct_type)))))
         for chunk, table in good:
             pieces.append(([group.positions[i] for i in chunk], table))
-    joined, rejected = join_compatible(pieces)
-    undocumented = [position for chunk in rejected for position in chunk if position not in documents]
-    if undocumented:
-        assert document is not None, "rows read as columns need a document reader"
-        for position in undocumented:
-            try:
-                documents[position] = document(position)
-            except MessageError as exc:
-                failures.append((position, exc))
-        failures.sort(key=lambda failure: failure[0])
+    joined, _ = join_compatible(pieces)
     if not joined:
         return Decoded(table=pa.table({}), fast=[], documents=documents, failures=failures, typed=True)
     tables = [table for _, table in joined]
