@@ -17,15 +17,18 @@ from pathlib import Path
 from typing import Any
 
 import fastavro
+import numpy as np
 import pyarrow as pa
 from fastavro._read_common import SchemaResolutionError
 from fastavro._read_py import schemaless_reader as _py_schemaless_reader
 from fastavro.schema import SchemaParseException
 
-from kafka2delta.errors import ConfigError
+from kafka2delta.errors import ConfigError, MessageError
 from kafka2delta.records import PartitionMessages
 from kafka2delta.registry import RegisteredSchema
+from kafka2delta.serialization.avro_batch import ColumnReader, Datums, column_reader, lay_out, lay_out_unframed
 from kafka2delta.serialization.base import (
+    CONFLUENT_HEADER_BYTES,
     MAX_DOCUMENT_DEPTH,
     OBJECT_ADDRESS,
     BaseDeserializer,
@@ -34,8 +37,15 @@ from kafka2delta.serialization.base import (
     decode_error,
     document_depth,
 )
-from kafka2delta.serialization.framing import Framing
-from kafka2delta.serialization.typed import BrokenSchema, Convert, Shape, grouped_decode, remember_schema
+from kafka2delta.serialization.framing import ConfluentFraming, Framing
+from kafka2delta.serialization.typed import (
+    BrokenSchema,
+    Convert,
+    Shape,
+    TypedGroup,
+    grouped_decode,
+    remember_schema,
+)
 
 # fastavro reports a malformed schema ({"type": "array"} without items, null …) as KeyError/TypeError too.
 _AVRO_SCHEMA_ERRORS = (ValueError, KeyError, TypeError, AttributeError, SchemaParseException)
@@ -264,6 +274,18 @@ class _AvroWriter:
     kind: str
     recursive: bool = False
     """The writer schema contains itself: read with fastavro's pure-Python reader, depth-limited."""
+    columns: ColumnReader | None = None
+    """The column lane's reader of this schema (None: the schema needs the per-message lane)."""
+
+    def with_columns(self, named: Mapping[str, Any]) -> _AvroWriter:
+        """This writer with the column lane's reader, when the lane reads its datums exactly as the per-message
+        lane would: no reader schema to resolve to, no fix, and the same Arrow type."""
+        if self.reader is not None or self.recursive or not self.is_record or self.shape.fix is not None:
+            return self
+        columns = column_reader(self.parsed, named)
+        if columns is not None and columns.arrow.equals(self.shape.arrow):
+            self.columns = columns
+        return self
 
 
 MAX_AVRO_DEPTH = MAX_DOCUMENT_DEPTH
@@ -288,15 +310,39 @@ class AvroCodec:
                 _is_record(reader.parsed),
                 _kind(reader.parsed),
                 reader.recursive,
-            )
+            ).with_columns(reader.named)
         self._writers: dict[int, _AvroWriter | BrokenSchema] = {}
 
     def writer(self, payload: bytes) -> tuple[int, bytes, int, _AvroWriter]:
         """(schema id, the bytes holding the datum, where in them it starts, writer) of a payload."""
+        schema_id, data, offset = self.unframe(payload)
+        return schema_id, data, offset, self.schema_writer(schema_id)
+
+    def lay_out(self, payloads: Sequence[bytes | None]) -> Datums:
+        """The payloads' datums end to end, each with its writer schema, for the column lane."""
+        if self._registry is None:
+            return lay_out(payloads, 0)
+        if isinstance(self._registry, ConfluentFraming):
+            return lay_out(payloads, CONFLUENT_HEADER_BYTES)
+        unframed: list[tuple[int, bytes, int] | None] = []
+        for payload in payloads:  # Glue: a header of its own, maybe zlib
+            try:
+                unframed.append(None if payload is None else self._registry.unframe(payload))
+            except MessageError:
+                unframed.append(None)
+        return lay_out_unframed(unframed)
+
+    def unframe(self, payload: bytes) -> tuple[int, bytes, int]:
+        """(schema id, the bytes holding the datum, where in them it starts); bare datums are schema 0."""
+        if self._registry is None:
+            return 0, payload, 0
+        return self._registry.unframe(payload)
+
+    def schema_writer(self, schema_id: int) -> _AvroWriter:
+        """The writer of a schema id (the schema file's for bare datums)."""
         if self._registry is None:
             assert self._bare is not None
-            return 0, payload, 0, self._bare
-        schema_id, data, offset = self._registry.unframe(payload)
+            return self._bare
         writer = self._writers.get(schema_id)
         if writer is None:
             # A registry outage (RetryableError) or an unknown id (MessageError, remembered by the
@@ -304,7 +350,7 @@ class AvroCodec:
             writer = remember_schema(self._writers, schema_id, self._load(self._registry, schema_id))
         if isinstance(writer, BrokenSchema):
             raise decode_error(writer.reason)
-        return schema_id, data, offset, writer
+        return writer
 
     def _load(self, registry: Framing, schema_id: int) -> _AvroWriter | BrokenSchema:
         registered = registry.schema(schema_id)
@@ -318,12 +364,16 @@ class AvroCodec:
             return BrokenSchema(f"{registry.describe(schema_id)} is not a valid Avro schema: {exc!r}")
         if self._reader is None or self._reader_shape is None:
             parsed = writer.parsed
-            return _AvroWriter(parsed, None, writer.shape(), _is_record(parsed), _kind(parsed), writer.recursive)
+            return _AvroWriter(
+                parsed, None, writer.shape(), _is_record(parsed), _kind(parsed), writer.recursive
+            ).with_columns(writer.named)
         reader = self._reader.parsed
         # Resolving a schema to itself only costs time.
         resolve_to = None if _same_schema(writer.parsed, reader) else reader
         recursive = writer.recursive or self._reader.recursive
-        return _AvroWriter(writer.parsed, resolve_to, self._reader_shape, _is_record(reader), _kind(reader), recursive)
+        return _AvroWriter(
+            writer.parsed, resolve_to, self._reader_shape, _is_record(reader), _kind(reader), recursive
+        ).with_columns(writer.named)
 
     def _load_references(
         self, registry: Framing, schema: RegisteredSchema, named: dict[str, Any], seen: set[tuple[str, int]]
@@ -407,10 +457,12 @@ def _same_schema(left: Any, right: Any) -> bool:
 class AvroDeserializer(BaseDeserializer):
     """Avro records: Confluent wire format through the registry, or bare datums of the schema file.
 
-    Fast lane: messages grouped by writer schema id, each decoded to a dict with fastavro, then one
-    ``pa.array(dicts, type=struct)`` per group (the type from :func:`avro_to_arrow` of the reader
-    schema, or of the writer schema without one); groups are concatenated with promotion, so a v1
-    row lacks v2's new field (null). Every dict is also a document.
+    Fast lane: messages grouped by writer schema id. A group of at least :data:`COLUMN_LANE_MIN_MESSAGES`
+    whose schema the column lane reads (:mod:`~kafka2delta.serialization.avro_batch`) is decoded straight into
+    Arrow columns, without documents; the messages it declines, and every other group, are decoded one by one
+    to dicts with fastavro, then one ``pa.array(dicts, type=struct)`` per group (the type from
+    :func:`avro_to_arrow` of the reader schema, or of the writer schema without one), and those dicts are
+    documents too. Groups are concatenated with promotion, so a v1 row lacks v2's new field (null).
     """
 
     typed = True
@@ -428,9 +480,44 @@ class AvroDeserializer(BaseDeserializer):
     def _document(self, payload: bytes) -> dict[str, Any]:
         return self._codec.read_record(payload)[2]
 
-    def _decode_values(self, messages: PartitionMessages, positions: Sequence[int]) -> Decoded:
-        def read(payload: bytes) -> tuple[Hashable, Shape, dict[str, Any]]:
-            schema_id, writer, value = self._codec.read_record(payload)
-            return schema_id, writer.shape, value
+    def _read(self, payload: bytes) -> tuple[Hashable, Shape, dict[str, Any]]:
+        schema_id, writer, value = self._codec.read_record(payload)
+        return schema_id, writer.shape, value
 
-        return grouped_decode(messages, positions, read)
+    def _decode_values(self, messages: PartitionMessages, positions: Sequence[int]) -> Decoded:
+        if len(positions) < COLUMN_LANE_MIN_MESSAGES:
+            return grouped_decode(messages, positions, self._read)
+        datums = self._codec.lay_out([messages.payloads[position] for position in positions])
+        at = np.asarray(positions, np.int64)
+        groups: dict[Hashable, TypedGroup] = {}
+        one_by_one = at[datums.schemas < 0].tolist()  # not the wire format: the per-message lane says why
+        for index, schema_id in enumerate(datums.schema_ids):
+            rows = np.flatnonzero(datums.schemas == index)
+            writer = self._columns_of(schema_id) if len(rows) >= COLUMN_LANE_MIN_MESSAGES else None
+            if writer is None or writer.columns is None:
+                one_by_one.extend(at[rows].tolist())
+                continue
+            try:
+                table, bad = writer.columns.read(datums.buffer, datums.starts[rows], datums.ends[rows])
+            except (ArithmeticError, ValueError, IndexError, pa.ArrowException):
+                one_by_one.extend(at[rows].tolist())  # the lane may fail, never disagree
+                continue
+            if bad.any():
+                one_by_one.extend(at[rows[bad]].tolist())
+                rows, table = rows[~bad], table.filter(~bad)
+            groups[schema_id] = TypedGroup(writer.shape, columns=(at[rows].tolist(), table))
+        return grouped_decode(messages, one_by_one, self._read, groups)
+
+    def _columns_of(self, schema_id: int) -> _AvroWriter | None:
+        """The writer of ``schema_id`` when the column lane reads it; None sends its messages one by one
+        (an unknown or broken schema id is then a dead letter there; a registry outage propagates now)."""
+        try:
+            writer = self._codec.schema_writer(schema_id)
+        except MessageError:
+            return None
+        return writer if writer.columns is not None else None
+
+
+COLUMN_LANE_MIN_MESSAGES = 64
+"""Fewest messages of one writer schema in a batch for the column lane (its fixed cost per schema field is that
+of a few dozen messages decoded one by one)."""

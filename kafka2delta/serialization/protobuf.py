@@ -10,21 +10,27 @@ import binascii
 import datetime as dt
 import functools
 import importlib
+import operator
 import os
 import re
 import tempfile
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory  # type: ignore[import-untyped]
 from google.protobuf.descriptor import FieldDescriptor as F  # type: ignore[import-untyped]
 from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 
+from kafka2delta.bisection import isolate_failures
+from kafka2delta.errors import MessageError
 from kafka2delta.records import PartitionMessages
 from kafka2delta.registry import RegisteredSchema, SchemaRegistry
+from kafka2delta.serialization.avro_batch import lay_out
 from kafka2delta.serialization.base import (
     CONFLUENT_HEADER_BYTES,
     BaseDeserializer,
@@ -33,7 +39,14 @@ from kafka2delta.serialization.base import (
     decode_error,
     split_confluent,
 )
-from kafka2delta.serialization.typed import BrokenSchema, Convert, Shape, grouped_decode, remember_schema
+from kafka2delta.serialization.typed import (
+    BrokenSchema,
+    Convert,
+    Shape,
+    TypedGroup,
+    grouped_decode,
+    remember_schema,
+)
 
 
 def _read_varint(data: bytes, offset: int) -> tuple[int, int]:
@@ -164,6 +177,56 @@ class _ProtoShapes:
 
         return Shape(pa.struct(fields), convert, slow)
 
+    def columns(self, descriptor: Any) -> Callable[[list[Any]], pa.Table] | None:
+        """Parsed messages → their table, one array per field over the field's values (the very values the
+        record's ``fix`` puts in its dicts); None for a recursive message or one without fields."""
+        found = self._struct_columns(descriptor, ())
+        if found is None:
+            return None
+        fields, arrays = found
+        schema = pa.schema(fields)
+        return lambda parsed: pa.Table.from_arrays(arrays(parsed), schema=schema)
+
+    def _struct_columns(
+        self, descriptor: Any, stack: tuple[str, ...]
+    ) -> tuple[list[pa.Field], Callable[[list[Any]], list[pa.Array]]] | None:
+        inner = (*stack, descriptor.full_name)
+        fields: list[pa.Field] = []
+        reads: list[Callable[[list[Any]], pa.Array]] = []
+        for f in descriptor.fields:
+            arrow, getter, slow = self._field(f, inner)
+            if slow:
+                return None
+            fields.append(pa.field(f.name, arrow))
+            reads.append(self._column(f, arrow, getter, inner))
+        if not fields:
+            return None
+        return fields, lambda parsed: [read(parsed) for read in reads]
+
+    def _column(
+        self, f: Any, arrow: pa.DataType, getter: Convert, stack: tuple[str, ...]
+    ) -> Callable[[list[Any]], pa.Array]:
+        """One field's array: a plain field's attribute, a message field's own columns (null where unset), or
+        else the dict lane's getter per message."""
+        name = f.name
+        get = operator.attrgetter(name)
+        if _is_repeated(f) or (f.type not in _CONVERTED and f.has_presence):
+            return lambda parsed: pa.array([getter(m) for m in parsed], arrow)
+        if f.type not in _CONVERTED:  # the getter of a plain field is getattr
+            return lambda parsed: pa.array(list(map(get, parsed)), arrow)
+        nested = None
+        if f.type == F.TYPE_MESSAGE and pa.types.is_struct(arrow) and f.message_type.full_name != _TIMESTAMP:
+            nested = self._struct_columns(f.message_type, stack)
+        if nested is None:
+            return lambda parsed: pa.array([getter(m) for m in parsed], arrow)
+        child_fields, child_arrays = nested
+
+        def read(parsed: list[Any]) -> pa.Array:
+            unset = pc.invert(pa.array([m.HasField(name) for m in parsed], pa.bool_()))
+            return pa.StructArray.from_arrays(child_arrays(list(map(get, parsed))), fields=child_fields, mask=unset)
+
+        return read
+
     def _value(self, f: Any, stack: tuple[str, ...]) -> tuple[pa.DataType, Convert | None, bool]:
         """The type of one value of ``f`` (an element, for a repeated field) and its converter."""
         if f.type in (F.TYPE_MESSAGE, F.TYPE_GROUP):
@@ -216,6 +279,10 @@ class _ProtoShapes:
         return value_type, lambda m: convert_plain(getattr(m, name)), slow
 
 
+_CONVERTED = (F.TYPE_MESSAGE, F.TYPE_GROUP, F.TYPE_ENUM)
+"""Field types whose values the dicts hold converted (the others hold what the message attribute gives)."""
+
+
 def _timestamp(message: Any) -> dt.datetime:
     try:
         return _EPOCH + dt.timedelta(seconds=message.seconds, microseconds=message.nanos // 1000)
@@ -266,6 +333,24 @@ class _ProtoMessage:
     cls: Any
     shape: Shape
     convert: Convert
+    columns: Callable[[list[Any]], pa.Table] | None = None
+    """Parsed messages → their table, for the column lane (None: the message needs the dict lane)."""
+    many: Any = None
+    """A message type ``{repeated <this type> items = 1;}``: many messages parsed in one call (set with
+    ``columns``)."""
+
+    def parse_many(self, bodies: list[bytes]) -> Callable[[list[int]], list[Any]]:
+        """Parses ``bodies[i]`` for the i of a chunk as the items of one ``many`` message: each item is read from
+        exactly its own bytes (a length-delimited field), as ``cls.FromString`` would read it alone."""
+
+        def parse(chunk: list[int]) -> list[Any]:
+            framed: list[bytes] = []
+            for i in chunk:
+                framed.append(_field_one(len(bodies[i])))
+                framed.append(bodies[i])
+            return list(self.many.FromString(b"".join(framed)).items)
+
+        return parse
 
 
 @dataclass
@@ -288,9 +373,19 @@ class ProtobufCodec:
         message = self._message(schema_id, indexes)
         try:
             parsed = message.cls.FromString(payload[offset:])
-        except (DecodeError, RuntimeError, ValueError) as exc:  # RuntimeError: upb's recursion limit
+        except _PARSE_ERRORS as exc:
             raise decode_error(f"not a valid protobuf message {message.cls.DESCRIPTOR.full_name}: {exc}") from exc
         return (schema_id, indexes), message, message.convert(parsed)
+
+    def columns_of(self, schema_id: int) -> _ProtoMessage | None:
+        """The first message type of ``schema_id`` (message indexes ``[0]``) when the column lane reads it;
+        None when it does not, or the schema cannot be used (its messages are then dead letters one by one).
+        A registry outage propagates."""
+        try:
+            message = self._message(schema_id, (0,))
+        except MessageError:
+            return None
+        return message if message.columns is not None else None
 
     def _message(self, schema_id: int, indexes: tuple[int, ...]) -> _ProtoMessage:
         loaded = self._files.get(schema_id)
@@ -352,9 +447,68 @@ def _resolve_message(loaded: _ProtoFile, indexes: tuple[int, ...]) -> _ProtoMess
             )
         descriptor = candidates[index]
         candidates = list(descriptor.nested_types)
-    shape = _ProtoShapes().record(descriptor)
+    shapes = _ProtoShapes()
+    shape = shapes.record(descriptor)
     convert = shape.fix if shape.fix is not None else _proto_generic
-    return _ProtoMessage(message_factory.GetMessageClass(descriptor), shape, convert)
+    columns = None if shape.slow else shapes.columns(descriptor)
+    many = _many(loaded.pool, descriptor, indexes) if columns is not None else None
+    if many is None:
+        columns = None  # the column lane needs both
+    return _ProtoMessage(message_factory.GetMessageClass(descriptor), shape, convert, columns, many)
+
+
+def _many(pool: Any, descriptor: Any, indexes: tuple[int, ...]) -> Any:
+    """The class of ``{repeated <descriptor> items = 1;}`` in ``pool``; None when ``descriptor`` (or a message in
+    it) has required fields, whose check could differ between a message alone and an item."""
+    if _has_required(descriptor, set()):
+        return None
+    name = "Many" + "_".join(str(index) for index in indexes)
+    file = descriptor_pb2.FileDescriptorProto(
+        name=f"kafka2delta/many/{name}.proto", package="kafka2delta.many", syntax="proto3"
+    )
+    file.dependency.append(descriptor.file.name)
+    items = file.message_type.add(name=name).field.add(name="items", number=1)
+    items.label = descriptor_pb2.FieldDescriptorProto.LABEL_REPEATED
+    items.type = descriptor_pb2.FieldDescriptorProto.TYPE_MESSAGE
+    items.type_name = "." + descriptor.full_name
+    try:
+        pool.Add(file)
+        return message_factory.GetMessageClass(pool.FindMessageTypeByName(f"kafka2delta.many.{name}"))
+    except (TypeError, ValueError, KeyError):  # the pool refuses it: no column lane, nothing else changes
+        return None
+
+
+def _has_required(descriptor: Any, seen: set[str]) -> bool:
+    if descriptor.full_name in seen:
+        return False
+    seen.add(descriptor.full_name)
+    for f in descriptor.fields:
+        required = getattr(f, "is_required", None)  # protobuf ≥ 6; older versions only have ``label``
+        if required if required is not None else f.label == f.LABEL_REQUIRED:
+            return True
+        if f.message_type is not None and _has_required(f.message_type, seen):
+            return True
+    return False
+
+
+_FIELD_ONE: dict[int, bytes] = {}
+_PARSE_ERRORS = (DecodeError, RuntimeError, ValueError)  # RuntimeError: upb's recursion limit
+
+
+def _field_one(size: int) -> bytes:
+    """The tag and length of a length-delimited field 1 of ``size`` bytes."""
+    found = _FIELD_ONE.get(size)
+    if found is None:
+        length = bytearray()
+        rest = size
+        while rest > 0x7F:
+            length.append(rest & 0x7F | 0x80)
+            rest >>= 7
+        length.append(rest)
+        found = b"\x0a" + bytes(length)
+        if size < 1 << 14:  # at most 16,384 kept
+            _FIELD_ONE[size] = found
+    return found
 
 
 def compile_proto(files: Mapping[str, str], main: str) -> tuple[Any, list[Any]] | str:
@@ -471,9 +625,41 @@ class ProtobufDeserializer(BaseDeserializer):
     def _document(self, payload: bytes) -> dict[str, Any]:
         return self._codec.read(payload)[2]
 
-    def _decode_values(self, messages: PartitionMessages, positions: Sequence[int]) -> Decoded:
-        def read(payload: bytes) -> tuple[Hashable, Shape, dict[str, Any]]:
-            key, message, value = self._codec.read(payload)
-            return key, message.shape, value
+    def _read(self, payload: bytes) -> tuple[Hashable, Shape, dict[str, Any]]:
+        key, message, value = self._codec.read(payload)
+        return key, message.shape, value
 
-        return grouped_decode(messages, positions, read)
+    def _decode_values(self, messages: PartitionMessages, positions: Sequence[int]) -> Decoded:
+        """Batches of at least :data:`COLUMN_LANE_MIN_MESSAGES` of one schema's first message type (message
+        indexes ``[0]``, written as one 0 byte) go through the column lane: each message parsed by protobuf, then
+        one ``pa.array`` per field, no dicts; the rest, and whatever the column lane declines, one by one."""
+        if len(positions) < COLUMN_LANE_MIN_MESSAGES:
+            return grouped_decode(messages, positions, self._read)
+        payloads = [messages.payloads[position] for position in positions]
+        datums = lay_out(payloads, CONFLUENT_HEADER_BYTES)
+        first_type = (datums.ends > datums.starts) & (np.frombuffer(datums.buffer, np.uint8)[datums.starts] == 0)
+        at = np.asarray(positions, np.int64)
+        one_by_one = at[(datums.schemas < 0) | ~first_type].tolist()
+        groups: dict[Hashable, TypedGroup] = {}
+        for index, schema_id in enumerate(datums.schema_ids):
+            rows = np.flatnonzero((datums.schemas == index) & first_type).tolist()
+            message = self._codec.columns_of(schema_id) if len(rows) >= COLUMN_LANE_MIN_MESSAGES else None
+            if message is None or message.columns is None:
+                one_by_one.extend(positions[row] for row in rows)
+                continue
+            bodies = [(payloads[row] or b"")[CONFLUENT_HEADER_BYTES + 1 :] for row in rows]
+            pieces, declined = isolate_failures(list(range(len(rows))), message.parse_many(bodies), _PARSE_ERRORS)
+            one_by_one.extend(positions[rows[i]] for i, _ in declined)  # the per-message lane says why
+            parsed = [item for _, items in pieces for item in items]
+            kept = [positions[rows[i]] for chunk, _ in pieces for i in chunk]
+            try:
+                table = message.columns(parsed)
+            except (MessageError, ArithmeticError, ValueError, TypeError, pa.ArrowException):
+                one_by_one.extend(kept)  # e.g. a Timestamp out of range: the per-message lane finds which
+                continue
+            groups[(schema_id, (0,))] = TypedGroup(message.shape, columns=(kept, table))
+        return grouped_decode(messages, one_by_one, self._read, groups)
+
+
+COLUMN_LANE_MIN_MESSAGES = 64
+"""Fewest messages of one schema in a batch for the column lane (below, its fixed cost per field is not repaid)."""

@@ -34,21 +34,34 @@ class Shape:
 
 
 @dataclass
-class _Group:
+class TypedGroup:
+    """The messages of one writer schema: records decoded to dicts, and rows already decoded to columns."""
+
     shape: Shape
     positions: list[int] = field(default_factory=list)
     values: list[dict[str, Any]] = field(default_factory=list)
+    columns: tuple[list[int], pa.Table] | None = None
+    """Positions and their rows, typed ``shape.arrow``, read by a column lane (Avro's): no documents."""
+
+
+def first_position(group: TypedGroup) -> int:
+    """The first message of a group (groups in this order are in the order a per-message pass meets them)."""
+    return min(group.positions[:1] + (group.columns[0][:1] if group.columns is not None else []))
 
 
 def grouped_decode(
     messages: PartitionMessages,
     positions: Sequence[int],
     read: Callable[[bytes], tuple[Hashable, Shape, dict[str, Any]]],
+    column_groups: dict[Hashable, TypedGroup] | None = None,
 ) -> Decoded:
-    """Decode each message with ``read`` (→ writer-schema key, its shape, the record), grouped by writer."""
-    groups: dict[Hashable, _Group] = {}
+    """Decode each message with ``read`` (→ writer-schema key, its shape, the record), grouped by writer.
+
+    ``column_groups`` are the groups a column lane already read, by the same keys; ``positions`` are then the
+    messages it left, which join their writer's group here (or, undecodable, become failures)."""
+    groups = dict(column_groups) if column_groups else {}
     failures: list[tuple[int, MessageError]] = []
-    for position in positions:
+    for position in sorted(positions):
         try:
             key, shape, value = read(payload_at(messages, position))
         except MessageError as exc:
@@ -56,44 +69,64 @@ def grouped_decode(
             continue
         group = groups.get(key)
         if group is None:
-            group = groups[key] = _Group(shape)
+            group = groups[key] = TypedGroup(shape)
         group.positions.append(position)
         group.values.append(value)
-    return _typed_decode(groups.values(), failures)
+    # Groups in the order a per-message pass meets them: conflicts between writer schemas break ties by it.
+    return typed_decode(
+        sorted(groups.values(), key=first_position),
+        failures,
+        lambda position: read(payload_at(messages, position))[2],
+    )
 
 
-def _typed_decode(groups: Iterable[_Group], failures: list[tuple[int, MessageError]]) -> Decoded:
+def typed_decode(
+    groups: Iterable[TypedGroup],
+    failures: list[tuple[int, MessageError]],
+    document: Callable[[int], dict[str, Any]] | None = None,
+) -> Decoded:
     """Groups of decoded records (one group per writer schema) → one table, typed by the schemas.
 
-    Every decoded dict is also a document. A record ``pa.array`` refuses on its own (a decimal wider
-    than its declared precision, a timestamp out of range …) is left to the reference lane; groups
-    whose types cannot be promoted into one table (a field that changed type between versions) go
-    to the reference lane as a whole, except the largest.
+    Every decoded dict is also a document; the rows a column lane read (``TypedGroup.columns``) are one more
+    piece of their group's table. A record ``pa.array`` refuses on its own (a decimal wider than its declared
+    precision, a timestamp out of range …) is left to the reference lane; groups whose types cannot be
+    promoted into one table (a field that changed type between versions) go to the reference lane as a
+    whole, except the largest: ``document`` (position → document, or MessageError) then decodes the rows of
+    theirs a column lane read, which have no document yet.
     """
     documents: dict[int, dict[str, Any]] = {}
     pieces: list[tuple[list[int], pa.Table]] = []
     for group in groups:
         documents.update(zip(group.positions, group.values, strict=True))
-        struct_type = group.shape.arrow
+        empty: tuple[list[int], pa.Table] = ([], pa.Table.from_batches([], pa.schema(list(group.shape.arrow))))
         if group.shape.slow:
             # Typed but empty: schema evolution still sees the fields, the values take the slow lane.
-            pieces.append(([], pa.Table.from_batches([], pa.schema(list(struct_type)))))
+            pieces.append(empty)
             continue
+        group_pieces = [group.columns] if group.columns is not None and group.columns[0] else []
+        if group.values:
 
-        def attempt(chunk: list[int], group: _Group = group) -> pa.Table:
-            array = pa.array([group.values[i] for i in chunk], type=group.shape.arrow)
-            return pa.Table.from_struct_array(array)
+            def attempt(chunk: list[int], group: TypedGroup = group) -> pa.Table:
+                array = pa.array([group.values[i] for i in chunk], type=group.shape.arrow)
+                return pa.Table.from_struct_array(array)
 
-        good, _ = isolate_failures(
-            list(range(len(group.positions))),
-            attempt,
-            (pa.ArrowInvalid, pa.ArrowTypeError, ValueError, TypeError, OverflowError),
-        )
-        if not good:
-            pieces.append(([], pa.Table.from_batches([], pa.schema(list(struct_type)))))
-        for chunk, table in good:
-            pieces.append(([group.positions[i] for i in chunk], table))
-    joined, _ = join_compatible(pieces)
+            good, _ = isolate_failures(
+                list(range(len(group.positions))),
+                attempt,
+                (pa.ArrowInvalid, pa.ArrowTypeError, ValueError, TypeError, OverflowError),
+            )
+            group_pieces.extend(([group.positions[i] for i in chunk], table) for chunk, table in good)
+        pieces.append(_one_piece(group_pieces) if group_pieces else empty)
+    joined, rejected = join_compatible(pieces)
+    undocumented = [position for chunk in rejected for position in chunk if position not in documents]
+    if undocumented:
+        assert document is not None, "rows read as columns need a document reader"
+        for position in undocumented:
+            try:
+                documents[position] = document(position)
+            except MessageError as exc:
+                failures.append((position, exc))
+        failures.sort(key=lambda failure: failure[0])
     if not joined:
         return Decoded(table=pa.table({}), fast=[], documents=documents, failures=failures, typed=True)
     tables = [table for _, table in joined]
@@ -101,6 +134,18 @@ def _typed_decode(groups: Iterable[_Group], failures: list[tuple[int, MessageErr
     fast = [position for chunk, _ in joined for position in chunk]
     table, fast = in_position_order(table, fast, len(joined))
     return Decoded(table=table, fast=fast, documents=documents, failures=failures, typed=True)
+
+
+def _one_piece(pieces: list[tuple[list[int], pa.Table]]) -> tuple[list[int], pa.Table]:
+    """A group's pieces (rows read as columns, chunks of dicts ``pa.array`` took) as one, in position order.
+
+    A group is one piece whichever lane read its rows, so a conflict between writer schemas is settled by group
+    (the largest keeps its rows) and both lanes settle it alike."""
+    if len(pieces) == 1:
+        return pieces[0]
+    positions = [position for chunk, _ in pieces for position in chunk]
+    table, positions = in_position_order(pa.concat_tables([table for _, table in pieces]), positions, len(pieces))
+    return positions, table
 
 
 @dataclass
