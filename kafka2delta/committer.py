@@ -14,9 +14,11 @@ the schema) or :class:`RetryableError` (nothing happened, or the log says so).
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -218,25 +220,41 @@ class Committer:
     def _write_files(self, pending: PendingCommit, schema: pa.Schema, evolving: bool) -> None:
         """Parquet files per Kafka partition; rows Parquet refuses become dead letters (stage write).
 
+        The partitions' files are written side by side (on an object store each file costs round trips that
+        dwarf encoding it); a failure is raised once every other partition's write has ended, and the files
+        that were written stay in ``pending``, so a retry writes only the rest.
         An evolution commit writes its files in step 3 (delta-rs does): here its rows are only checked.
         """
-        for partition, buffer in pending.buffers.items():
-            if partition in pending.files:
-                continue
-            offsets = OffsetRange(buffer.first_offset, buffer.last_offset)
-            while True:
-                rows = buffer.to_table(schema)
-                try:
-                    if evolving:
-                        self._writer.check_rows(rows)
-                        pending.files[partition] = []
-                    else:
-                        pending.files[partition] = (
-                            self._writer.write_files(partition, offsets, rows) if buffer.rows else []
-                        )
-                    break
-                except RowsRejected as rejected:
-                    self._reject_rows(partition, buffer, rows, rejected, schema)
+        todo = [(partition, buffer) for partition, buffer in pending.buffers.items() if partition not in pending.files]
+        if len(todo) < 2:
+            for partition, buffer in todo:
+                pending.files[partition] = self._partition_files(partition, buffer, schema, evolving)
+            return
+        pool = _file_writers()
+        futures = [(p, pool.submit(self._partition_files, p, buffer, schema, evolving)) for p, buffer in todo]
+        failure: BaseException | None = None
+        for partition, future in futures:
+            try:
+                pending.files[partition] = future.result()
+            except Exception as exc:  # raised below, after the other partitions' writes have ended
+                failure = failure or exc
+        if failure is not None:
+            raise failure
+
+    def _partition_files(
+        self, partition: TopicPartition, buffer: PartitionBuffer, schema: pa.Schema, evolving: bool
+    ) -> list[AddAction]:
+        """One partition's files (none for an evolution commit, whose rows are only checked)."""
+        offsets = OffsetRange(buffer.first_offset, buffer.last_offset)
+        while True:
+            rows = buffer.to_table(schema)
+            try:
+                if evolving:
+                    self._writer.check_rows(rows)
+                    return []
+                return self._writer.write_files(partition, offsets, rows) if buffer.rows else []
+            except RowsRejected as rejected:
+                self._reject_rows(partition, buffer, rows, rejected, schema)
 
     def _reject_rows(
         self, tp: TopicPartition, buffer: PartitionBuffer, rows: pa.Table, rejected: RowsRejected, schema: pa.Schema
@@ -337,3 +355,13 @@ class Committer:
 
 def _or_minus_one(version: int | None) -> int:
     return -1 if version is None else version
+
+
+FILE_WRITE_THREADS = 8
+"""Parquet files written at once (one per Kafka partition of a flush); shared by every table's committer, whose
+flushes take turns in the loop."""
+
+
+@functools.cache
+def _file_writers() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=FILE_WRITE_THREADS, thread_name_prefix="k2d-parquet")

@@ -40,6 +40,7 @@ from kafka2delta.errors import (
 from kafka2delta.merging import merge_changes
 from kafka2delta.offsets import CommitOutcome, classify_commit
 from kafka2delta.records import OffsetRange, TopicPartition
+from kafka2delta.txn_versions import TxnVersions
 
 TxnId = Callable[[TopicPartition], str]
 """The txn app id a table gives a topic partition (see :class:`kafka2delta.offsets.TxnIds`)."""
@@ -222,6 +223,7 @@ class DeltaWriter:
         self.last_merge: dict[str, Any] = {}
         """delta-rs's metrics of the last MERGE (files and rows touched), for logs and metrics."""
         self._filesystem, self._root = _filesystem(uri, storage_options)
+        self._txns = TxnVersions(self._filesystem, self._root)
         self.schema: pa.Schema = _table_schema(table)
         """The table schema as of the last refresh or commit of this writer."""
         self.partition_by: list[str] = list(table.metadata().partition_columns)
@@ -301,7 +303,9 @@ class DeltaWriter:
         """The txn versions of ``partitions`` in the newest table version."""
         try:
             self._table.update_incremental()
-            found = {tp: self._table.transaction_version(self._txn_id(tp)) for tp in partitions}
+            app_ids = {tp: self._txn_id(tp) for tp in partitions}
+            versions = self._txns.read(self._table, app_ids.values())
+            found = {tp: versions[app_id] for tp, app_id in app_ids.items()}
             if self._legacy_txn_id is not None and not self._migrating:
                 self._add_legacy_versions(found, self._legacy_txn_id)
             return found
