@@ -262,8 +262,15 @@ class DeltaWriter:
                     uri, create_schema, mode="ignore", partition_by=list(partition_by) or None, storage_options=options
                 )
             except DeltaError as create_exc:
-                raise RetryableError(f"creating table {uri}: {create_exc}") from create_exc
-            logger.info("created table %s (partitioned by %s)", uri, list(partition_by) or "nothing")
+                # Daemons started together race to create it: the loser's commit of version 0 fails ("protocol
+                # changed"), and the table the winner created is the one to open.
+                try:
+                    table = DeltaTable(uri, storage_options=options)
+                except (DeltaError, OSError):
+                    raise RetryableError(f"creating table {uri}: {create_exc}") from create_exc
+                logger.info("table %s was created by another writer meanwhile (%s)", uri, create_exc)
+            else:
+                logger.info("created table %s (partitioned by %s)", uri, list(partition_by) or "nothing")
         except (DeltaError, OSError) as exc:
             raise RetryableError(f"opening table {uri}: {exc}") from exc
         if is_spark_only(table.metadata().configuration):

@@ -2,11 +2,13 @@
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, Field
+from deltalake.exceptions import CommitFailedError
 from deltalake.schema import PrimitiveType
 
 from kafka2delta.errors import CommitConflict, ConfigError, RowsRejected, SchemaChanged
@@ -50,6 +52,22 @@ def test_creates_table_and_commits_files_with_offsets(tmp_path: Path) -> None:
 def test_missing_table_without_schema_names_the_key(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"table\.schema"):
         DeltaWriter.open(str(tmp_path / "none"), {}, TxnIds("app").main, "snappy", 10, None)
+
+
+def test_a_writer_that_loses_the_race_to_create_the_table_opens_the_winners(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Daemons started together on a new table: the loser's create fails (delta-rs: "protocol changed") after
+    the winner's landed; it opens that table instead of stopping."""
+    real_create = DeltaTable.create
+
+    def lose_the_race(*args: Any, **kwargs: Any) -> DeltaTable:
+        real_create(*args, **kwargs)  # the winner's version 0
+        raise CommitFailedError("Failed to commit transaction: Protocol changed since last commit")
+
+    monkeypatch.setattr(DeltaTable, "create", staticmethod(lose_the_race))
+    writer = open_writer(tmp_path / "t")
+    assert writer.version == 0 and writer.committed_offsets([P0]) == {P0: None}
 
 
 def test_zombie_writer_cannot_commit_a_moved_partition(tmp_path: Path) -> None:
