@@ -70,6 +70,8 @@ METRIC_NAMES = (
     "kafka2delta_seconds_since_last_commit",
     "kafka2delta_last_committed_version",
     "kafka2delta_last_commit_timestamp_seconds",
+    "kafka2delta_commit_interval_seconds",
+    "kafka2delta_table_writers",
     "kafka2delta_build_info",
 )
 """Every metric family, as it appears in the exposition (counters with their ``_total``)."""
@@ -336,6 +338,19 @@ class Metrics:
             table,
             registry=r,
         )
+        self._commit_interval = Gauge(
+            f"{_PREFIX}_commit_interval_seconds",
+            "How long a table's messages may wait before their commit now: ingest.allowed_latency_s, or longer when "
+            "the table's writers together exceed ingest.table_commits_per_s.",
+            table,
+            registry=r,
+        )
+        self._table_writers = Gauge(
+            f"{_PREFIX}_table_writers",
+            "Commits of all writers per commit of this daemon, over its last commits (about the number of writers).",
+            table,
+            registry=r,
+        )
         build = Gauge(f"{_PREFIX}_build_info", "Always 1; the label says which version runs.", ("version",), registry=r)
         build.labels(__version__).set(1)
 
@@ -425,6 +440,10 @@ class Metrics:
 
     def storage_retry(self) -> None:
         self._retries.inc()
+
+    def paced(self, table: str, interval_s: float, writers: float) -> None:
+        self._commit_interval.labels(table).set(interval_s)
+        self._table_writers.labels(table).set(writers)
 
     def seconds_since_last_commit(self) -> float:
         last = self._last_commit if self._last_commit is not None else self._started

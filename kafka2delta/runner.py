@@ -133,6 +133,7 @@ class Ingestor:
             retrier=self._retrier,
             board=self._board,
             clock=clock,
+            ingest=ingest,
             router=router,
             dead_letter_opener=dead_letter_opener,
         )
@@ -416,6 +417,22 @@ class Ingestor:
         for tp in buffers:
             self._resync(tp)
 
+    def _pace(self, table: TableSink, version: int) -> None:
+        """After a commit: how long the table's buffers may wait now (longer when its writers share a budget)."""
+        before = table.pacer.interval_s
+        interval = table.pacer.committed(version)
+        self._buffers.set_latency(table.spec.uri, interval)
+        self._metrics.paced(table.name, interval, table.pacer.writers)
+        if abs(interval - before) >= max(0.5, before / 4):
+            logger.info(
+                "%s: about %.1f writers commit to it, budget %g commits/s: committing every %.1f s (was %.1f s)",
+                table.name,
+                table.pacer.writers,
+                self._config.ingest.table_commits_per_s,
+                interval,
+                before,
+            )
+
     def _idle_turns(self) -> None:
         """Nothing to commit: register an empty ``ingest`` turn now and then, so that a strict order does not
         wait for ingestion on a quiet topic. Never waits for the lock."""
@@ -450,6 +467,7 @@ class Ingestor:
             if state.recorded_dead_letters and committed is not None and committed >= max(state.recorded_dead_letters):
                 state.recorded_dead_letters = set()  # every table's txn covers them now
         faults.point("after_delta_commit")
+        self._pace(table, version)
         self._progress.committed(
             table=table.name,
             reason=reason,

@@ -10,9 +10,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from kafka2delta.committer import Committer
+from kafka2delta.config import IngestConfig
 from kafka2delta.coordinator import Coordinator
 from kafka2delta.edges import DeadLetterProducer, DeadLetterStore, TableWriter
 from kafka2delta.metrics import Metrics
+from kafka2delta.pacing import CommitPacer
 from kafka2delta.pipeline import Pipeline
 from kafka2delta.retries import Retrier
 from kafka2delta.routing import Routes, TableSpec
@@ -46,6 +48,8 @@ class TableSink:
     pipeline: Pipeline
     committer: Committer
     coordinator: Coordinator | None
+    pacer: CommitPacer
+    """How long this table's buffers may wait, from how fast all its writers commit."""
     next_idle_turn: float = 0.0
     """When to register the next empty coordinator turn (monotonic seconds)."""
 
@@ -84,6 +88,7 @@ class Tables:
         retrier: Retrier,
         board: StatusBoard,
         clock: Callable[[], float],
+        ingest: IngestConfig,
         router: RouterOpener | None = None,
         dead_letter_opener: DeadLetterOpener | None = None,
     ) -> None:
@@ -99,6 +104,7 @@ class Tables:
         self._retrier = retrier
         self._board = board
         self._clock = clock
+        self._ingest = ingest
         self._sinks: dict[str, TableSink] = {}
 
     def for_topic(self, topic: str) -> TopicTables:
@@ -138,6 +144,10 @@ class Tables:
                     clock=self._clock,
                 ),
                 coordinator=opened.coordinator,
+                pacer=CommitPacer(
+                    allowed_latency_s=self._ingest.allowed_latency_s,
+                    table_commits_per_s=self._ingest.table_commits_per_s,
+                ),
             )
             self._board.table_opened(spec.name, spec.uri, opened.writer.version)
         return sink

@@ -96,6 +96,18 @@ class ValueBuffers:
     def __init__(self, limits: FlushLimits) -> None:
         self._limits = limits
         self._buffers: dict[Lane, PartitionBuffer] = {}
+        self._latency: dict[str, float] = {}
+        """Tables whose commits wait longer than ``allowed_latency_s`` (a commit budget shared with other writers)."""
+
+    def set_latency(self, table: str, seconds: float) -> None:
+        """How long ``table``'s buffers may wait from now on (``allowed_latency_s`` or longer)."""
+        if seconds > self._limits.allowed_latency_s:
+            self._latency[table] = seconds
+        else:
+            self._latency.pop(table, None)
+
+    def _waits(self, buffer: PartitionBuffer) -> float:
+        return self._latency.get(buffer.table, self._limits.allowed_latency_s)
 
     def add(self, processed: ProcessedPartition, message_count: int, now: float, table: str) -> None:
         tp = processed.topic_partition
@@ -142,7 +154,7 @@ class ValueBuffers:
             ("records", {b.table for b in self._buffers.values() if b.messages >= limits.max_messages_per_file}),
             ("bytes", {b.table for b in self._buffers.values() if b.nbytes >= limits.min_bytes_per_file}),
             ("buffer_bytes", self._largest_tables()),
-            ("latency", {b.table for b in self._buffers.values() if now - b.first_arrival >= limits.allowed_latency_s}),
+            ("latency", {b.table for b in self._buffers.values() if now - b.first_arrival >= self._waits(b)}),
         ]
         due = [(reason, tables) for reason, tables in checks if tables]
         if not due:
@@ -168,8 +180,7 @@ class ValueBuffers:
     def seconds_until_due(self, now: float) -> float | None:
         if not self._buffers:
             return None
-        oldest = min(b.first_arrival for b in self._buffers.values())
-        return max(0.0, oldest + self._limits.allowed_latency_s - now)
+        return max(0.0, min(b.first_arrival + self._waits(b) for b in self._buffers.values()) - now)
 
     def take(
         self, tables: frozenset[str] | None = None, partitions: set[TopicPartition] | None = None

@@ -184,6 +184,10 @@ class IngestConfig:
     """How often a progress line (messages/s, commits, lag) is logged, seconds."""
     max_commit_retries: int = 10
     """Retries of a failed storage operation before the daemon gives up (backoff doubles, 30 s at most)."""
+    table_commits_per_s: float = 10.0
+    """Budget of commits per second for a whole table, all its writers together: when more daemons share a table
+    than ``table_commits_per_s × allowed_latency_s``, each waits longer between commits (never more than 60 s)
+    so the log is not raced (kafka2delta/pacing.py). 0: no budget."""
 
 
 @dataclass(frozen=True)

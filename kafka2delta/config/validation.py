@@ -27,6 +27,8 @@ def validate(config: Config) -> None:
     for key, (number, expected) in must_be_positive.items():
         if number <= 0:
             raise ConfigError(key, f"expected {expected}, got {number}")
+    if config.ingest.table_commits_per_s < 0:
+        raise ConfigError("ingest.table_commits_per_s", "expected 0 (no budget) or more commits per second")
     if config.ingest.max_commit_retries < 0:
         raise ConfigError("ingest.max_commit_retries", "expected 0 or more")
     if not 0 <= config.metrics.port <= 65535:

@@ -100,6 +100,7 @@ def fire_every_event(metrics: Metrics) -> None:
     metrics.assigned(2)
     metrics.lag("t", 0, 7)
     metrics.merged("events", {"num_target_rows_inserted": 2, "num_target_files_added": 1})
+    metrics.paced("events", 3.2, 32.0)
     metrics.committed(
         CommitStats(
             table="events",

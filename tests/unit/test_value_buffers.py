@@ -32,6 +32,20 @@ def test_latency_limit() -> None:
     assert buffers.due(102.0) == Due("latency", frozenset({"/t"}))
 
 
+def test_a_paced_table_waits_longer_and_the_others_do_not() -> None:
+    buffers = ValueBuffers(LIMITS)
+    buffers.set_latency("/shared", 5.0)  # a commit budget shared with other writers
+    buffers.add(processed(0, 0, 9, 10), 10, now=100.0, table="/shared")
+    buffers.add(processed(1, 0, 9, 10), 10, now=100.0, table="/own")
+    assert buffers.due(102.0) == Due("latency", frozenset({"/own"}))
+    buffers.take(frozenset({"/own"}))
+    assert buffers.seconds_until_due(102.0) == 3.0
+    assert buffers.due(104.9) is None
+    assert buffers.due(105.0) == Due("latency", frozenset({"/shared"}))
+    buffers.set_latency("/shared", 1.0)  # never below allowed_latency_s
+    assert buffers.due(101.9) is None and buffers.due(102.0) == Due("latency", frozenset({"/shared"}))
+
+
 def test_records_limit_counts_messages_not_rows() -> None:
     buffers = ValueBuffers(LIMITS)
     buffers.add(processed(0, 0, 99, 0), 100, now=0.0, table="/t")  # all dead letters: still a full batch
