@@ -44,7 +44,7 @@ demo: broker-start
 	$(PY) -m dev.demo --bootstrap "$$($(PY) -m dev.kafka.broker status --dir $(KAFKA_DIR))"
 
 # --- benchmark (bench/README.md): kafka2delta side by side with Spark Structured Streaming; never part of `make test`
-.PHONY: bench-install bench-quick bench-profile bench-report bench-topics bench-upsert
+.PHONY: bench-install bench-quick bench-profile bench-report bench-topics bench-upsert bench-writers
 bench-install: $(VENV)/.bench-installed
 
 $(VENV)/.bench-installed: pyproject.toml $(VENV)/.installed
@@ -71,6 +71,11 @@ bench-topics: bench-install
 ## Spark foreachBatch MERGE, flush 1/10/60 s, uniform and recent keys → bench/results/upsert.json (BENCH_ARGS: --quick …)
 bench-upsert: bench-install
 	$(PY) -m bench.upsert $(BENCH_ARGS)
+
+## bench-writers: N = 1, 2, 4, 8 daemons in one group writing one table, local disk and the S3 emulator (with and
+## without 30 ms per request) → bench/results/writers.json (BENCH_ARGS: --writers 1,2 --stores local …)
+bench-writers: bench-install
+	$(PY) -m bench.writers $(BENCH_ARGS)
 
 ## bench-report: rewrite latest.md and the plots from bench/results/latest.json
 bench-report: bench-install

@@ -135,6 +135,7 @@ def markdown(results: dict[str, Any]) -> str:
             f"(net {_n(scaling['partitions']['cpu_s_per_million_net_max_deviation_pct'], 1)}%)."
         )
         lines.append("")
+    lines += _writers(results.get("writers", {}).get("detail"))
     targets = results.get("targets", {})
     if targets:
         lines.append("| target (issue 6) | wanted | measured | met |")
@@ -148,6 +149,33 @@ def markdown(results: dict[str, Any]) -> str:
             lines.append(f"| {name} | {t['target']} | {value}{extra} | {met} |")
         lines.append("")
     return "\n".join(lines)
+
+
+def _writers(detail: dict[str, Any] | None) -> list[str]:
+    """The many-writers table: one row per (store, N), then the paced point."""
+    if not detail:
+        return []
+    lines = [
+        f"**Many writers on one table**: N daemons in one group, a {detail['partitions']}-partition topic at "
+        f"{_n(detail['rate'])} msg/s for {_n(detail['seconds'])} s, one table; allowed latency 1 s. Conflicts per "
+        "commit = other writers' versions between a commit's read and its write (`v - readVersion - 1`).",
+        "",
+        "| store | N | commits/s | conflicts / commit | retries / commit | msgs/s | P50 (s) | P99 (s) "
+        "| commit interval (s) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    points = [(store, n, p) for store, by_n in detail["points"].items() for n, p in by_n.items()]
+    if detail.get("paced"):
+        paced = detail["paced"]
+        points.append((f"local, budget {paced['budget']:g}/s", str(paced["writers"]), paced))
+    for store, n, p in points:
+        lines.append(
+            f"| {store} | {n} | {_n(p['commits_per_s'], 2)} | {_n(p['conflicts_per_commit'], 3)} | "
+            f"{_n(p['retries_per_commit'], 3)} | {_n(p['msgs_per_s'])} | {_n(p['p50_s'], 2)} | {_n(p['p99_s'], 2)} | "
+            f"{_n(p['commit_interval_s'], 1)} |"
+        )
+    lines.append("")
+    return lines
 
 
 def plots(results: dict[str, Any], out: Path) -> list[Path]:

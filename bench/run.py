@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from bench import daemon, report
+from bench import daemon, report, writers
 from bench.datasets import SPARK_TRANSFORMS, TRANSFORMS
 from bench.latency import cdf_points, summary
 from bench.measure import TreeMonitor, busy_processes, git_state, load_average, machine
@@ -60,6 +60,11 @@ FULL = {
     "scaling_messages": [500_000, 2_000_000, 8_000_000],
     "scaling_partitions": [1, 4, 16, 64],
     "scaling_datasets": ["json", "json2k", "avro"],
+    "writers": [1, 2, 4, 8],
+    "writers_stores": ["local", "s3", "s3-latency"],
+    "writers_rate": 6000,
+    "writers_seconds": 30,
+    "writers_paced": (8, 2.0),
 }
 QUICK = {
     "catchup_messages": 200_000,
@@ -70,6 +75,11 @@ QUICK = {
     "scaling_messages": [100_000, 200_000, 400_000],
     "scaling_partitions": [1, 4, 16],
     "scaling_datasets": ["json", "json2k", "avro"],
+    "writers": [1, 2],
+    "writers_stores": ["local", "s3"],
+    "writers_rate": 2000,
+    "writers_seconds": 10,
+    "writers_paced": None,
 }
 
 TARGETS = {
@@ -320,7 +330,24 @@ class Bench:
         if not self.args.skip_scaling:
             log("scenario 3: scaling")
             results["scaling"] = self.scaling(catchup)
+            catchup.update(per_format(results["scaling"]))
         self.save(results)
+
+        if not self.args.skip_writers:
+            log("scenario 4: many writers on one table")
+            found = writers.run(
+                self.bootstrap,
+                plan["writers"],
+                plan["writers_stores"],
+                plan["writers_rate"],
+                plan["writers_seconds"],
+                plan["warmup_seconds"],
+                self._scratch("writers"),
+                say=log,
+                paced=plan["writers_paced"],
+            )
+            results["writers"] = {**writers.latest_keys(found), "detail": found}
+            self.save(results)
 
     def scaling(self, catchup: dict[str, Any]) -> dict[str, Any]:
         """One dimension at a time around the catch-up point (its own run is reused)."""
@@ -410,6 +437,21 @@ def spread(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def per_format(scaling: dict[str, Any]) -> dict[str, Any]:
+    """``catchup.<format>.*`` (json, json2k, avro): the catch-up figures of each format at the base size."""
+    return {
+        row["dataset"]: {
+            "cpu_s_per_m": row["cpu_s_per_million"],
+            "cpu_s_per_m_net": row["cpu_s_per_million_net"],
+            "msgs_per_s": row["msgs_per_s"],
+            "mb_per_s": row["mb_per_s"],
+            "peak_rss_mb": row["peak_rss_mb"],
+            "avg_message_bytes": row["avg_message_bytes"],
+        }
+        for row in scaling["datasets"]["points"]
+    }
+
+
 def ratios(results: dict[str, Any]) -> dict[str, Any]:
     """Daemon vs Spark: how many times faster / lighter the daemon is."""
     out: dict[str, Any] = {}
@@ -483,6 +525,7 @@ def main() -> int:
     parser.add_argument("--steady-seconds", type=float, help="steady-rate producer duration (default 60; quick 15)")
     parser.add_argument("--skip-spark", action="store_true")
     parser.add_argument("--skip-scaling", action="store_true")
+    parser.add_argument("--skip-writers", action="store_true")
     parser.add_argument("--drain-timeout-s", type=float, default=180.0)
     parser.add_argument("--src", help="run the daemon's package from this checkout (default: this one)")
     parser.add_argument("--work", help="scratch directory (default: a temporary one, removed at the end)")

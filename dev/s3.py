@@ -14,6 +14,8 @@ given number have arrived, to race two commits of the same log version on purpos
 The proxy forwards TCP bytes unchanged; ``fail()`` makes it answer every new request with an HTTP
 error, ``refuse()`` closes new connections at once (a server that went away), ``heal()`` goes back
 to forwarding. Point clients at ``proxy.endpoint`` to put faults between them and the server.
+``delay_s`` holds the first bytes of each answer that long (a round trip to a distant store, for the
+writers benchmark).
 
     with LocalS3() as s3, FaultProxy(s3.port) as proxy:
         s3.create_bucket("k2d-test")
@@ -22,9 +24,15 @@ to forwarding. Point clients at ``proxy.endpoint`` to put faults between them an
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import json
+import logging
 import socket
+import sys
 import threading
+import time
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Self
 
@@ -155,8 +163,10 @@ class LocalS3:
 class FaultProxy:
     """A TCP proxy from a free loopback port to ``127.0.0.1:target_port`` that can inject faults."""
 
-    def __init__(self, target_port: int) -> None:
+    def __init__(self, target_port: int, delay_s: float = 0.0) -> None:
         self._target = ("127.0.0.1", target_port)
+        self.delay_s = delay_s
+        """Added to each request's round trip: the answer's first bytes wait this long."""
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
         self._mode = "forward"
@@ -247,9 +257,10 @@ class FaultProxy:
             return
         with self._lock:
             self._open.update((client, upstream))
+        asked = threading.Event()  # a request went up since the last answer began
         pumps = [
-            threading.Thread(target=_pump, args=(client, upstream), daemon=True),
-            threading.Thread(target=_pump, args=(upstream, client), daemon=True),
+            threading.Thread(target=_pump, args=(client, upstream, asked.set), daemon=True),
+            threading.Thread(target=_pump, args=(upstream, client, lambda: self._answering(asked)), daemon=True),
         ]
         for pump in pumps:
             pump.start()
@@ -259,10 +270,36 @@ class FaultProxy:
             self._open.discard(client)
             self._open.discard(upstream)
 
+    def _answering(self, asked: threading.Event) -> None:
+        if asked.is_set():
+            asked.clear()
+            if self.delay_s:
+                time.sleep(self.delay_s)
 
-def _pump(source: socket.socket, sink: socket.socket) -> None:
+
+def _pump(source: socket.socket, sink: socket.socket, on_data: Callable[[], None]) -> None:
     with contextlib.suppress(OSError):
         while data := source.recv(65536):
+            on_data()
             sink.sendall(data)
     with contextlib.suppress(OSError):
         sink.shutdown(socket.SHUT_WR)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The server in a process of its own (the writers benchmark: moto answers many daemons without sharing a GIL
+    with the harness), with a plain proxy and a delaying one in front; ends when stdin closes."""
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--bucket", required=True)
+    parser.add_argument("--delay", type=float, default=0.0, help="seconds the second proxy adds per request")
+    args = parser.parse_args(argv)
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request otherwise
+    with LocalS3() as s3, FaultProxy(s3.port) as plain, FaultProxy(s3.port, delay_s=args.delay) as delayed:
+        s3.create_bucket(args.bucket)
+        print(json.dumps({"endpoint": s3.endpoint, "plain": plain.endpoint, "delayed": delayed.endpoint}), flush=True)
+        sys.stdin.read()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

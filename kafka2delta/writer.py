@@ -548,7 +548,9 @@ class DeltaWriter:
             self.schema = latest
             raise SchemaChanged(self._uri, latest)
         properties = CommitProperties(
-            custom_metadata={"kafka2delta": metadata},
+            # The version the txn check read: with the one this commit lands at, how many other writers' commits
+            # came between (delta-rs's commitInfo has no readVersion for this kind of commit).
+            custom_metadata={"kafka2delta": {**metadata, "read_version": self._table.version()}},
             app_transactions=[Transaction(self._txn_id(tp), v) for tp, v in versions.items()],
             max_commit_retries=50,
         )

@@ -44,7 +44,7 @@ def test_creates_table_and_commits_files_with_offsets(tmp_path: Path) -> None:
     assert table.transaction_version("app-0") == 2
     assert table.transaction_version("app-1") == 9  # a txn-only advance (all dead letters) is committed too
     assert sorted(table.to_pyarrow_table().column("id").to_pylist()) == ["a", "b", "c"]
-    assert table.history(1)[0]["kafka2delta"] == {"topic": "events"}
+    assert table.history(1)[0]["kafka2delta"] == {"topic": "events", "read_version": 0}  # the version it read
     stats = json.loads(files[0].stats)
     assert stats["numRecords"] == 3 and stats["minValues"]["id"] == "a" and stats["maxValues"]["id"] == "c"
 
