@@ -45,7 +45,7 @@ from tests.support.serialization import (
 )
 
 SETTINGS = settings(
-    max_examples=int(os.environ.get("K2D_HYPOTHESIS_EXAMPLES", "150")),
+    max_examples=int(os.environ.get("K2D_HYPOTHESIS_EXAMPLES", "60")),  # 3000 for a longer fuzzing run
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
