@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import logging
-import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -185,10 +184,6 @@ def build_router(config: Config) -> Pipeline:
 
 def _ingest(config: Config, until_caught_up: bool) -> int:
     faults.arm_from_environment()
-    if "ARROW_DEFAULT_MEMORY_POOL" not in os.environ:
-        # glibc's allocator gives freed Arrow buffers back sooner than jemalloc (pyarrow's default): peak RSS of
-        # the catch-up bench 382-387 MB against 428-434, at the same speed (bench/README.md).
-        pa.set_memory_pool(pa.system_memory_pool())
     logger.info("kafka2delta %s starting", __version__)
     for line in config.summary():
         logger.info("  %s", line)

@@ -14,13 +14,12 @@ the schema) or :class:`RetryableError` (nothing happened, or the log says so).
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from functools import partial
+from functools import cache, partial
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -361,12 +360,12 @@ def _or_minus_one(version: int | None) -> int:
 
 
 FILE_WRITE_THREADS = 8
-PARALLEL_WRITE_MAX_BYTES = 32 * 1024 * 1024
-"""Largest flush (Arrow bytes of its rows) whose files are written side by side."""
 """Parquet files written at once (one per Kafka partition of a flush); shared by every table's committer, whose
 flushes take turns in the loop."""
+PARALLEL_WRITE_MAX_BYTES = 32 * 1024 * 1024
+"""Largest flush (Arrow bytes of its rows) whose files are written side by side."""
 
 
-@functools.cache
+@cache
 def _file_writers() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=FILE_WRITE_THREADS, thread_name_prefix="k2d-parquet")
