@@ -132,7 +132,8 @@ def catchup(
     return result
 
 
-def _ready(port: int) -> bool:
+def ready(port: int) -> bool:
+    """The daemon's /readyz answers 200."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as answer:
             return bool(answer.status == 200)
@@ -181,7 +182,7 @@ def steady(
         try:
             with TreeMonitor(proc.pid) as monitor:
                 deadline = time.monotonic() + 120
-                while not _ready(metrics_port):
+                while not ready(metrics_port):
                     if proc.poll() is not None or time.monotonic() > deadline:
                         raise RuntimeError(f"the daemon did not become ready; see {log}")
                     time.sleep(0.2)

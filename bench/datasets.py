@@ -117,6 +117,21 @@ def json2k_event(partition: int, seq: int, ts: str) -> bytes:
     ).encode()
 
 
+def event_values(partition: int, seq: int, ts: str) -> dict[str, Any]:
+    """The demo event's values (the same as ``dev.events.event_json``), for the typed formats."""
+    return {
+        "id": f"p{partition}-{seq}",
+        "type": EVENT_TYPES[seq % 4],
+        "amount": seq % 1000 / 10,
+        "ts": ts,
+        "user": {"id": seq % 100_003, "country": COUNTRIES[seq % 6]},
+        "session": f"s-{seq % 9973:05d}-{partition}",
+        "page": f"/products/{seq % 517}",
+        "referrer": "https://example.com/",
+        "ua": "Mozilla/5.0 (X11; Linux x86_64) Gecko/20100101",
+    }
+
+
 def _avro_writer() -> Callable[[int, int, str], bytes]:
     import fastavro
 
@@ -125,21 +140,7 @@ def _avro_writer() -> Callable[[int, int, str], bytes]:
 
     def avro_event(partition: int, seq: int, ts: str) -> bytes:
         out = io.BytesIO()
-        write(
-            out,
-            parsed,
-            {
-                "id": f"p{partition}-{seq}",
-                "type": EVENT_TYPES[seq % 4],
-                "amount": seq % 1000 / 10,
-                "ts": ts,
-                "user": {"id": seq % 100_003, "country": COUNTRIES[seq % 6]},
-                "session": f"s-{seq % 9973:05d}-{partition}",
-                "page": f"/products/{seq % 517}",
-                "referrer": "https://example.com/",
-                "ua": "Mozilla/5.0 (X11; Linux x86_64) Gecko/20100101",
-            },
-        )
+        write(out, parsed, event_values(partition, seq, ts))
         return out.getvalue()
 
     return avro_event

@@ -37,8 +37,8 @@ import fastavro
 import pyarrow as pa
 from google.protobuf import message_factory  # type: ignore[import-untyped]
 
-from bench.datasets import AVRO_SCHEMA, DATASETS, TRANSFORMS, Timestamps
-from dev.events import COUNTRIES, EVENT_TYPES, event_json
+from bench.datasets import AVRO_SCHEMA, DATASETS, TRANSFORMS, Timestamps, event_values
+from dev.events import event_json
 from kafka2delta.config import FormatConfig, SchemaRegistryConfig
 from kafka2delta.errors import MessageError
 from kafka2delta.pipeline import Pipeline
@@ -60,8 +60,6 @@ message User { int64 id = 1; string country = 2; }
 """
 Maker = Callable[[int, int, str], bytes]
 """``(partition, seq, ts) -> payload``."""
-_REFERRER = "https://example.com/"
-_UA = "Mozilla/5.0 (X11; Linux x86_64) Gecko/20100101"
 
 
 class MemoryRegistry(SchemaRegistry):
@@ -81,21 +79,6 @@ class MemoryRegistry(SchemaRegistry):
         raise MessageError("deserialize", f"no references here ({subject} v{version})")
 
 
-def _event(partition: int, seq: int, ts: str) -> dict[str, Any]:
-    """The demo event's values (the same as ``dev.events.event_json``)."""
-    return {
-        "id": f"p{partition}-{seq}",
-        "type": EVENT_TYPES[seq % 4],
-        "amount": seq % 1000 / 10,
-        "ts": ts,
-        "user": {"id": seq % 100_003, "country": COUNTRIES[seq % 6]},
-        "session": f"s-{seq % 9973:05d}-{partition}",
-        "page": f"/products/{seq % 517}",
-        "referrer": _REFERRER,
-        "ua": _UA,
-    }
-
-
 def _avro_maker(framed: bool) -> Maker:
     parsed = fastavro.parse_schema(AVRO_SCHEMA)
     header = b"\x00" + SCHEMA_ID.to_bytes(4, "big") if framed else b""
@@ -103,7 +86,7 @@ def _avro_maker(framed: bool) -> Maker:
     def make(partition: int, seq: int, ts: str) -> bytes:
         out = io.BytesIO()
         out.write(header)
-        fastavro.schemaless_writer(out, parsed, _event(partition, seq, ts))
+        fastavro.schemaless_writer(out, parsed, event_values(partition, seq, ts))
         return out.getvalue()
 
     return make
@@ -119,7 +102,7 @@ def _protobuf_maker() -> Maker:
     header = b"\x00" + SCHEMA_ID.to_bytes(4, "big") + b"\x00"
 
     def make(partition: int, seq: int, ts: str) -> bytes:
-        return header + event_class(**_event(partition, seq, ts)).SerializeToString()
+        return header + event_class(**event_values(partition, seq, ts)).SerializeToString()
 
     return make
 

@@ -44,7 +44,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
-from bench.daemon import daemon_env, run_rate_producer
+from bench.daemon import daemon_env, ready, run_rate_producer
 from bench.latency import row_latencies
 from bench.measure import machine
 from dev.kafka.broker import LocalBroker, create_topic
@@ -147,14 +147,6 @@ def _scrape(port: int) -> dict[str, float]:
     return totals
 
 
-def _ready(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as answer:
-            return bool(answer.status == 200)
-    except OSError:
-        return False
-
-
 class RowCount:
     """The table's row count from its log (the add actions' record counts), read incrementally: polling it costs
     the store a listing, not a reload of the table."""
@@ -237,7 +229,7 @@ def run_point(
             command = [sys.executable, "-m", "kafka2delta", "ingest"]
             procs.append(subprocess.Popen(command, env=env, cwd=work, stdout=log, stderr=log))
         deadline = time.monotonic() + 180
-        while not all(_ready(port) for port in ports):
+        while not all(ready(port) for port in ports):
             if any(p.poll() is not None for p in procs) or time.monotonic() > deadline:
                 raise RuntimeError(f"a daemon did not become ready; see {work}/daemon-*.log")
             time.sleep(0.5)

@@ -215,14 +215,18 @@ def check_batch(deserializer: Deserializer, payloads: list[bytes]) -> Decoded:
     """The column lane's batch gives each message the per-message lane's outcome (and the same table)."""
     assert len(payloads) >= COLUMN_LANE_MIN_MESSAGES
     batch = deserializer.decode(messages(payloads), range(len(payloads)))
-    reference = _per_message(deserializer, payloads)
+    _assert_agree(batch, _per_message(deserializer, payloads), payloads)
+    return batch
+
+
+def _assert_agree(batch: Decoded, reference: Decoded, payloads: list[bytes]) -> None:
+    """Each message has the same outcome in both, and the tables are identical."""
     check_partition(batch, len(payloads))
     for got, expected in zip(_outcomes(batch, len(payloads)), _outcomes(reference, len(payloads)), strict=True):
         assert got[:2] == expected[:2], (payloads[got[0]], got, expected)
         assert _same(got[2], expected[2]), (payloads[got[0]], got, expected)
     assert batch.fast == reference.fast
     assert _identical(batch.table, reference.table)
-    return batch
 
 
 def _note_lane(decoded: Decoded) -> None:
@@ -530,12 +534,7 @@ def test_protobuf_column_lane_agrees_with_the_per_message_lane(
     batch = deserializer.decode(messages(payloads), range(len(payloads)))
     with mock.patch.object(protobuf_module, "COLUMN_LANE_MIN_MESSAGES", 10**9):
         reference = deserializer.decode(messages(payloads), range(len(payloads)))
-    check_partition(batch, len(payloads))
-    for got, expected in zip(_outcomes(batch, len(payloads)), _outcomes(reference, len(payloads)), strict=True):
-        assert got[:2] == expected[:2], (payloads[got[0]], got, expected)
-        assert _same(got[2], expected[2]), (payloads[got[0]], got, expected)
-    assert batch.fast == reference.fast
-    assert _identical(batch.table, reference.table)
+    _assert_agree(batch, reference, payloads)
     _note_lane(batch)
 
 
