@@ -98,10 +98,9 @@ def typed_decode(
     pieces: list[tuple[list[int], pa.Table]] = []
     for group in groups:
         documents.update(zip(group.positions, group.values, strict=True))
-        empty: tuple[list[int], pa.Table] = ([], pa.Table.from_batches([], pa.schema(list(group.shape.arrow))))
         if group.shape.slow:
             # Typed but empty: schema evolution still sees the fields, the values take the slow lane.
-            pieces.append(empty)
+            pieces.append(_empty_piece(group.shape))
             continue
         group_pieces = [group.columns] if group.columns is not None and group.columns[0] else []
         if group.values:
@@ -116,7 +115,7 @@ def typed_decode(
                 (pa.ArrowInvalid, pa.ArrowTypeError, ValueError, TypeError, OverflowError),
             )
             group_pieces.extend(([group.positions[i] for i in chunk], table) for chunk, table in good)
-        pieces.append(_one_piece(group_pieces) if group_pieces else empty)
+        pieces.append(_one_piece(group_pieces) if group_pieces else _empty_piece(group.shape))
     joined, rejected = join_compatible(pieces)
     undocumented = [position for chunk in rejected for position in chunk if position not in documents]
     if undocumented:
@@ -134,6 +133,11 @@ def typed_decode(
     fast = [position for chunk, _ in joined for position in chunk]
     table, fast = in_position_order(table, fast, len(joined))
     return Decoded(table=table, fast=fast, documents=documents, failures=failures, typed=True)
+
+
+def _empty_piece(shape: Shape) -> tuple[list[int], pa.Table]:
+    """No rows, but the group's columns (schema evolution still sees its fields)."""
+    return [], pa.Table.from_batches([], pa.schema(list(shape.arrow)))
 
 
 def _one_piece(pieces: list[tuple[list[int], pa.Table]]) -> tuple[list[int], pa.Table]:
