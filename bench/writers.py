@@ -37,7 +37,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import boto3
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -49,7 +48,8 @@ from bench.latency import row_latencies
 from bench.measure import machine
 from dev.kafka.broker import LocalBroker, create_topic
 from dev.local_server import free_ports
-from dev.s3 import ACCESS_KEY, REGION, SECRET_KEY
+from dev.s3 import client as s3_client
+from dev.s3 import storage_options
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "writers.json"
@@ -77,13 +77,7 @@ class Store:
         if not self.uri.startswith("s3://"):
             return Path(self.uri)
         bucket, _, prefix = self.uri.removeprefix("s3://").partition("/")
-        client = boto3.client(
-            "s3",
-            endpoint_url=self.options["AWS_ENDPOINT_URL"],
-            aws_access_key_id=ACCESS_KEY,
-            aws_secret_access_key=SECRET_KEY,
-            region_name=REGION,
-        )
+        client = s3_client(self.options["AWS_ENDPOINT_URL"])
         for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix + "/"):
             for item in page.get("Contents", []):
                 target = into / item["Key"].removeprefix(prefix + "/")
@@ -117,14 +111,7 @@ def stores(names: list[str], work: Path) -> Iterator[dict[str, Any]]:
         def make(name: str, point: str) -> Store:
             if name == "local":
                 return Store(name, str(work / point / "table"), {})
-            options = {
-                "AWS_ENDPOINT_URL": endpoints[name],
-                "AWS_ACCESS_KEY_ID": ACCESS_KEY,
-                "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
-                "AWS_REGION": REGION,
-                "AWS_ALLOW_HTTP": "true",
-            }
-            return Store(name, f"s3://{BUCKET}/{point}", options)
+            return Store(name, f"s3://{BUCKET}/{point}", storage_options(endpoints[name]))
 
         yield {"make": make}
 

@@ -87,6 +87,24 @@ if _STATE is None:
     S3Response.put_object = _atomic_conditional_put(S3Response.put_object, _STATE)  # type: ignore[method-assign]
 
 
+def client(endpoint: str) -> Any:
+    """A boto3 S3 client of the test credentials at ``endpoint``."""
+    return boto3.client(
+        "s3", endpoint_url=endpoint, aws_access_key_id=ACCESS_KEY, aws_secret_access_key=SECRET_KEY, region_name=REGION
+    )
+
+
+def storage_options(endpoint: str) -> dict[str, str]:
+    """deltalake / kafka2delta ``table.storage_options`` for the server (or a proxy) at ``endpoint``."""
+    return {
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+        "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+        "AWS_REGION": REGION,
+        "AWS_ALLOW_HTTP": "true",
+    }
+
+
 class LocalS3:
     def __init__(self, port: int = 0) -> None:
         self._server: ThreadedMotoServer | None = None
@@ -131,24 +149,11 @@ class LocalS3:
             self._server = None
 
     def create_bucket(self, name: str) -> None:
-        client = boto3.client(
-            "s3",
-            endpoint_url=self.endpoint,
-            aws_access_key_id=ACCESS_KEY,
-            aws_secret_access_key=SECRET_KEY,
-            region_name=REGION,
-        )
-        client.create_bucket(Bucket=name)
+        client(self.endpoint).create_bucket(Bucket=name)
 
     def storage_options(self, endpoint: str | None = None) -> dict[str, str]:
         """deltalake / kafka2delta ``table.storage_options`` for this server (or a proxy in front of it)."""
-        return {
-            "AWS_ENDPOINT_URL": endpoint or self.endpoint,
-            "AWS_ACCESS_KEY_ID": ACCESS_KEY,
-            "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
-            "AWS_REGION": REGION,
-            "AWS_ALLOW_HTTP": "true",
-        }
+        return storage_options(endpoint or self.endpoint)
 
     def __enter__(self) -> Self:
         self.start()
