@@ -19,22 +19,33 @@ import pyarrow.parquet as pq
 
 
 def versions(table: Path) -> list[dict[str, Any]]:
-    """Every commit of the table: version, commitInfo timestamp (ms), the files it adds, the log file's mtime."""
+    """Every commit of the table: version, commitInfo timestamp (ms), the version it read (``readVersion``, or for
+    the daemon's commits, which delta-rs writes without one, ``kafka2delta.read_version``), the files it adds, the
+    log file's mtime."""
     found = []
     for path in sorted((table / "_delta_log").glob("*.json")):
         version = int(path.stem)
         commit_ms: int | None = None
+        read_version: int | None = None
         adds = []
         for line in path.read_text().splitlines():
             if not line.strip():
                 continue
             action = json.loads(line)
             if "commitInfo" in action:
-                commit_ms = action["commitInfo"].get("timestamp")
+                info = action["commitInfo"]
+                commit_ms = info.get("timestamp")
+                read_version = info.get("readVersion", (info.get("kafka2delta") or {}).get("read_version"))
             elif "add" in action:
                 adds.append(unquote(action["add"]["path"]))
         found.append(
-            {"version": version, "commit_ms": commit_ms, "adds": adds, "mtime_ms": path.stat().st_mtime * 1000}
+            {
+                "version": version,
+                "commit_ms": commit_ms,
+                "read_version": read_version,
+                "adds": adds,
+                "mtime_ms": path.stat().st_mtime * 1000,
+            }
         )
     return found
 

@@ -44,7 +44,7 @@ from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
 from bench.daemon import daemon_env, ready, run_rate_producer
-from bench.latency import row_latencies
+from bench.latency import row_latencies, versions
 from bench.measure import machine
 from dev.kafka.broker import LocalBroker, create_topic
 from dev.local_server import free_ports
@@ -164,19 +164,8 @@ class RowCount:
 
 
 def commits_in(table: Path, since_ms: float, until_ms: float) -> list[dict[str, Any]]:
-    """The log's commits whose commitInfo timestamp falls in [since_ms, until_ms]: version, readVersion, time."""
-    found = []
-    for path in sorted((table / "_delta_log").glob("*.json")):
-        for line in path.read_text().splitlines():
-            if '"commitInfo"' not in line:
-                continue
-            info = json.loads(line)["commitInfo"]
-            stamp = info.get("timestamp", 0)
-            # delta-rs writes no readVersion for these commits; the daemon records the version it read.
-            read = info.get("readVersion", (info.get("kafka2delta") or {}).get("read_version"))
-            if since_ms <= stamp <= until_ms:
-                found.append({"version": int(path.stem), "read_version": read, "ms": stamp})
-    return found
+    """The log's commits whose commitInfo timestamp falls in [since_ms, until_ms]."""
+    return [v for v in versions(table) if v["commit_ms"] is not None and since_ms <= v["commit_ms"] <= until_ms]
 
 
 def run_point(
