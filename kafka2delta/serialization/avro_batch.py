@@ -195,10 +195,16 @@ class _Compiler:
 
 
 def varint(cursor: Cursor, rows: Ints, positions: Ints) -> tuple[Ints, Ints]:
-    """Zigzag varints (Avro int and long) at ``positions``: (values, positions after them).
+    """Zigzag varints (Avro int and long) at ``positions``: (values, positions after them)."""
+    raw, positions = unsigned_varint(cursor, rows, positions)
+    return (raw >> np.uint64(1)).view(np.int64) ^ -(raw & np.uint64(1)).view(np.int64), positions
 
-    A varint of more than 10 bytes, or whose 10th byte holds more than bit 63, is declined (fastavro
-    would read it differently from its specification)."""
+
+def unsigned_varint(cursor: Cursor, rows: Ints, positions: Ints) -> tuple[npt.NDArray[np.uint64], Ints]:
+    """Plain base-128 varints at ``positions`` (the bits as written): (values, positions after them).
+
+    A varint of more than 10 bytes, or whose 10th byte holds more than bit 63, is declined (fastavro and
+    protobuf would read it differently from the specification, or not at all)."""
     buffer = cursor.buffer
     first = buffer[positions]
     raw = (first & 0x7F).astype(np.uint64)
@@ -215,11 +221,10 @@ def varint(cursor: Cursor, rows: Ints, positions: Ints) -> tuple[Ints, Ints]:
         going = going[(byte & 0x80) != 0]
     if going.size:  # still going after 10 bytes
         cursor.bad[rows[going]] = True
-    values = (raw >> np.uint64(1)).view(np.int64) ^ -(raw & np.uint64(1)).view(np.int64)
-    return values, _bounded(cursor, rows, positions + sizes)
+    return raw, bounded(cursor, rows, positions + sizes)
 
 
-def _bounded(cursor: Cursor, rows: Ints, positions: Ints) -> Ints:
+def bounded(cursor: Cursor, rows: Ints, positions: Ints) -> Ints:
     """Positions past their datum's end are declined and held at the end (so reads stay in the buffer)."""
     ends = cursor.ends[rows]
     over = positions > ends
@@ -235,7 +240,7 @@ def _read_null(cursor: Cursor, rows: Ints, positions: Ints) -> tuple[pa.Array, I
 
 def _read_boolean(cursor: Cursor, rows: Ints, positions: Ints) -> tuple[pa.Array, Ints]:
     values = cursor.buffer[positions] != 0  # fastavro: any byte but 0 is true
-    return pa.array(values, pa.bool_()), _bounded(cursor, rows, positions + 1)
+    return pa.array(values, pa.bool_()), bounded(cursor, rows, positions + 1)
 
 
 def _read_long(cursor: Cursor, rows: Ints, positions: Ints) -> tuple[pa.Array, Ints]:
@@ -250,16 +255,16 @@ def _read_int(cursor: Cursor, rows: Ints, positions: Ints) -> tuple[pa.Array, In
     return pa.array(values.astype(np.int32), pa.int32()), positions
 
 
-def _fixed_width(cursor: Cursor, rows: Ints, positions: Ints, size: int) -> tuple[Bytes, Ints]:
+def fixed_width(cursor: Cursor, rows: Ints, positions: Ints, size: int) -> tuple[Bytes, Ints]:
     """``size`` bytes per message, as an (n, size) array."""
     index = positions[:, None] + np.arange(size, dtype=np.int64)
     if size >= PADDING:  # a read from a truncated datum's end could leave the buffer
         np.minimum(index, len(cursor.buffer) - 1, out=index)
-    return cursor.buffer[index], _bounded(cursor, rows, positions + size)
+    return cursor.buffer[index], bounded(cursor, rows, positions + size)
 
 
-def _read_float(cursor: Cursor, rows: Ints, positions: Ints) -> tuple[pa.Array, Ints]:
-    taken, positions = _fixed_width(cursor, rows, positions, 4)
+def read_float(cursor: Cursor, rows: Ints, positions: Ints) -> tuple[pa.Array, Ints]:
+    taken, positions = fixed_width(cursor, rows, positions, 4)
     bits = taken.view("<u4").reshape(-1)
     # fastavro's float becomes a Python (double) float, and back: a signalling NaN comes back quiet.
     signalling = ((bits & 0x7FC00000) == 0x7F800000) & ((bits & 0x003FFFFF) != 0)
@@ -268,8 +273,8 @@ def _read_float(cursor: Cursor, rows: Ints, positions: Ints) -> tuple[pa.Array, 
     return pa.array(bits.view("<f4"), pa.float32()), positions
 
 
-def _read_double(cursor: Cursor, rows: Ints, positions: Ints) -> tuple[pa.Array, Ints]:
-    taken, positions = _fixed_width(cursor, rows, positions, 8)
+def read_double(cursor: Cursor, rows: Ints, positions: Ints) -> tuple[pa.Array, Ints]:
+    taken, positions = fixed_width(cursor, rows, positions, 8)
     return pa.array(taken.view("<f8").reshape(-1), pa.float64()), positions
 
 
@@ -305,14 +310,21 @@ def _counting(n: int) -> npt.NDArray[np.int32] | Ints:
 
 def _read_bytes(cursor: Cursor, rows: Ints, positions: Ints) -> tuple[pa.Array, Ints]:
     sizes, starts = varint(cursor, rows, positions)
-    offsets, data, positions = _sized(cursor, rows, starts, sizes)
-    return pa.BinaryArray.from_buffers(pa.binary(), len(rows), [None, offsets, data]), positions
+    return byte_strings(cursor, rows, starts, sizes, pa.binary())
 
 
 def _read_string(cursor: Cursor, rows: Ints, positions: Ints) -> tuple[pa.Array, Ints]:
     sizes, starts = varint(cursor, rows, positions)
+    return byte_strings(cursor, rows, starts, sizes, pa.string())
+
+
+def byte_strings(cursor: Cursor, rows: Ints, starts: Ints, sizes: Ints, arrow: pa.DataType) -> tuple[pa.Array, Ints]:
+    """The byte strings ``[starts, starts + sizes)`` as ``binary``, or as ``string`` (rows that are not UTF-8
+    declined), and the positions after them."""
     offsets, data, positions = _sized(cursor, rows, starts, sizes)
     binary = pa.BinaryArray.from_buffers(pa.binary(), len(rows), [None, offsets, data])
+    if arrow == pa.binary():
+        return binary, positions
     strings = pa.StringArray.from_buffers(len(rows), offsets, data)
     try:
         strings.validate(full=True)  # UTF-8
@@ -334,8 +346,8 @@ _PRIMITIVES: dict[str, tuple[pa.DataType, Read]] = {
     "boolean": (pa.bool_(), _read_boolean),
     "int": (pa.int32(), _read_int),
     "long": (pa.int64(), _read_long),
-    "float": (pa.float32(), _read_float),
-    "double": (pa.float64(), _read_double),
+    "float": (pa.float32(), read_float),
+    "double": (pa.float64(), read_double),
     "bytes": (pa.binary(), _read_bytes),
     "string": (pa.string(), _read_string),
 }
@@ -373,7 +385,7 @@ def _enum(symbols: pa.Array) -> Read:
 
 def _fixed(size: int) -> Read:
     def read(cursor: Cursor, rows: Ints, positions: Ints) -> tuple[pa.Array, Ints]:
-        taken, positions = _fixed_width(cursor, rows, positions, size)
+        taken, positions = fixed_width(cursor, rows, positions, size)
         offsets = pa.py_buffer(np.arange(len(rows) + 1, dtype=np.int32) * np.int32(size))
         return pa.BinaryArray.from_buffers(pa.binary(), len(rows), [None, offsets, pa.py_buffer(taken)]), positions
 

@@ -30,7 +30,7 @@ from kafka2delta.bisection import isolate_failures
 from kafka2delta.errors import MessageError
 from kafka2delta.records import PartitionMessages
 from kafka2delta.registry import RegisteredSchema, SchemaRegistry
-from kafka2delta.serialization.avro_batch import lay_out
+from kafka2delta.serialization.avro_batch import ColumnReader, lay_out
 from kafka2delta.serialization.base import (
     CONFLUENT_HEADER_BYTES,
     BaseDeserializer,
@@ -39,6 +39,7 @@ from kafka2delta.serialization.base import (
     decode_error,
     split_confluent,
 )
+from kafka2delta.serialization.protobuf_batch import wire_reader
 from kafka2delta.serialization.typed import (
     BrokenSchema,
     Convert,
@@ -338,6 +339,8 @@ class _ProtoMessage:
     many: Any = None
     """A message type ``{repeated <this type> items = 1;}``: many messages parsed in one call (set with
     ``columns``)."""
+    wire: ColumnReader | None = None
+    """Reads the messages straight from their bytes (set with ``columns``, None when the wire lane cannot)."""
 
     def parse_many(self, bodies: list[bytes]) -> Callable[[list[int]], list[Any]]:
         """Parses ``bodies[i]`` for the i of a chunk as the items of one ``many`` message: each item is read from
@@ -454,7 +457,8 @@ def _resolve_message(loaded: _ProtoFile, indexes: tuple[int, ...]) -> _ProtoMess
     many = _many(loaded.pool, descriptor, indexes) if columns is not None else None
     if many is None:
         columns = None  # the column lane needs both
-    return _ProtoMessage(message_factory.GetMessageClass(descriptor), shape, convert, columns, many)
+    wire = wire_reader(descriptor, shape.arrow) if columns is not None else None
+    return _ProtoMessage(message_factory.GetMessageClass(descriptor), shape, convert, columns, many, wire)
 
 
 def _many(pool: Any, descriptor: Any, indexes: tuple[int, ...]) -> Any:
@@ -631,8 +635,10 @@ class ProtobufDeserializer(BaseDeserializer):
 
     def _decode_values(self, messages: PartitionMessages, positions: Sequence[int]) -> Decoded:
         """Batches of at least :data:`COLUMN_LANE_MIN_MESSAGES` of one schema's first message type (message
-        indexes ``[0]``, written as one 0 byte) go through the column lane: each message parsed by protobuf, then
-        one ``pa.array`` per field, no dicts; the rest, and whatever the column lane declines, one by one."""
+        indexes ``[0]``, written as one 0 byte) go through the column lanes: first the wire lane (numpy over the
+        bytes, :mod:`kafka2delta.serialization.protobuf_batch`), then for what it declines, or a schema it does not
+        read, the library lane (each message parsed by protobuf, then one ``pa.array`` per field, no dicts); the
+        rest, and whatever the library lane declines, one by one."""
         if len(positions) < COLUMN_LANE_MIN_MESSAGES:
             return grouped_decode(messages, positions, self._read)
         payloads = [messages.payloads[position] for position in positions]
@@ -642,23 +648,55 @@ class ProtobufDeserializer(BaseDeserializer):
         one_by_one = at[(datums.schemas < 0) | ~first_type].tolist()
         groups: dict[Hashable, TypedGroup] = {}
         for index, schema_id in enumerate(datums.schema_ids):
-            rows = np.flatnonzero((datums.schemas == index) & first_type).tolist()
+            rows = np.flatnonzero((datums.schemas == index) & first_type)
             message = self._codec.columns_of(schema_id) if len(rows) >= COLUMN_LANE_MIN_MESSAGES else None
             if message is None or message.columns is None:
-                one_by_one.extend(positions[row] for row in rows)
+                one_by_one.extend(at[rows].tolist())
                 continue
-            bodies = [(payloads[row] or b"")[CONFLUENT_HEADER_BYTES + 1 :] for row in rows]
-            pieces, declined = isolate_failures(list(range(len(rows))), message.parse_many(bodies), _PARSE_ERRORS)
-            one_by_one.extend(positions[rows[i]] for i, _ in declined)  # the per-message lane says why
-            parsed = [item for _, items in pieces for item in items]
-            kept = [positions[rows[i]] for chunk, _ in pieces for i in chunk]
-            try:
-                table = message.columns(parsed)
-            except (MessageError, ArithmeticError, ValueError, TypeError, pa.ArrowException):
-                one_by_one.extend(kept)  # e.g. a Timestamp out of range: the per-message lane finds which
-                continue
-            groups[(schema_id, (0,))] = TypedGroup(message.shape, columns=(kept, table))
+            pieces: list[tuple[list[int], pa.Table]] = []
+            if message.wire is not None:
+                # The bodies start after the header and the message-index byte (0: the first message type).
+                table, declined = message.wire.read(datums.buffer, datums.starts[rows] + 1, datums.ends[rows])
+                pieces.append((at[rows[~declined]].tolist(), table.filter(pa.array(~declined))))
+                rows = rows[declined]  # the library lane reads them (and says why, if it cannot)
+            if len(rows):
+                kept, table, left = self._library_lane(
+                    message, [payloads[row] for row in rows.tolist()], at[rows].tolist()
+                )
+                one_by_one.extend(left)
+                if table is not None:
+                    pieces.append((kept, table))
+            pieces = [piece for piece in pieces if piece[0]]
+            if pieces:
+                groups[(schema_id, (0,))] = TypedGroup(message.shape, columns=_joined(pieces))
         return grouped_decode(messages, one_by_one, self._read, groups)
+
+    @staticmethod
+    def _library_lane(
+        message: _ProtoMessage, payloads: list[bytes | None], positions: Sequence[int]
+    ) -> tuple[list[int], pa.Table | None, list[int]]:
+        """The messages parsed by the protobuf library, then one ``pa.array`` per field: (the positions read,
+        their table, the positions left to the per-message lane)."""
+        assert message.columns is not None
+        bodies = [(payload or b"")[CONFLUENT_HEADER_BYTES + 1 :] for payload in payloads]
+        pieces, declined = isolate_failures(list(range(len(bodies))), message.parse_many(bodies), _PARSE_ERRORS)
+        left = [positions[i] for i, _ in declined]  # the per-message lane says why
+        parsed = [item for _, items in pieces for item in items]
+        kept = [positions[i] for chunk, _ in pieces for i in chunk]
+        try:
+            return kept, message.columns(parsed), left
+        except (MessageError, ArithmeticError, ValueError, TypeError, pa.ArrowException):
+            return [], None, kept + left  # e.g. a Timestamp out of range: the per-message lane finds which
+
+
+def _joined(pieces: list[tuple[list[int], pa.Table]]) -> tuple[list[int], pa.Table]:
+    """The pieces of one schema's rows as one table, in position order."""
+    if len(pieces) == 1:
+        return pieces[0]
+    positions = [position for kept, _ in pieces for position in kept]
+    order = np.argsort(positions, kind="stable")
+    table = pa.concat_tables([table for _, table in pieces]).take(pa.array(order))
+    return np.asarray(positions)[order].tolist(), table
 
 
 COLUMN_LANE_MIN_MESSAGES = 64

@@ -11,9 +11,7 @@ from __future__ import annotations
 import io
 import itertools
 import json
-import math
 import os
-from collections.abc import Iterator
 from functools import cache
 from typing import Any
 from unittest import mock
@@ -23,7 +21,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 import pytest
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kafka2delta.config import FormatConfig
@@ -34,12 +32,12 @@ from kafka2delta.serialization import protobuf as protobuf_module
 from kafka2delta.serialization.avro import COLUMN_LANE_MIN_MESSAGES, AvroSchema, avro_to_arrow
 from kafka2delta.serialization.avro_batch import PADDING, ColumnReader, column_reader, lay_out, lay_out_unframed
 from kafka2delta.serialization.typed import Shape, TypedGroup, typed_decode
+from tests.support.decode_lanes import CORRUPTIONS, assert_agree, corrupt, identical, note_lane, same
 from tests.support.protobuf import compile_with_protoc, message_class
 from tests.support.serialization import (
     COMMON_PROTO,
     EVENT_PROTO,
     MemoryRegistry,
-    check_partition,
     confluent,
     messages,
 )
@@ -143,36 +141,6 @@ def _datum(parsed: Any, value: Any) -> bytes:
 
 
 # Corruptions of a framed payload; each keeps the message's fate for the per-message lane to decide.
-_CORRUPTIONS = st.one_of(
-    *[st.just(("keep", 0))] * 8,
-    st.tuples(st.just("truncate"), st.integers(1, 12)),
-    st.tuples(st.just("trail"), st.integers(1, 255)),
-    st.tuples(st.just("flip"), st.integers(0, 2**16)),
-    st.tuples(st.just("schema"), st.sampled_from([2, 99])),  # the other registered schema, an unknown one
-    st.tuples(st.just("magic"), st.integers(1, 255)),
-    st.tuples(st.just("varint"), st.integers(0, 3)),  # an over-long varint in front of the datum
-)
-
-
-def _corrupt(payload: bytes, corruption: tuple[str, int]) -> bytes:
-    how, n = corruption
-    header, datum = payload[:5], payload[5:]
-    if how == "truncate":
-        return payload[: max(len(payload) - n, 0)]
-    if how == "trail":
-        return payload + bytes([n]) * (1 + n % 3)
-    if how == "flip" and datum:
-        i = n % len(datum)
-        return header + datum[:i] + bytes([datum[i] ^ (1 + n % 255)]) + datum[i + 1 :]
-    if how == "schema":
-        return confluent(n, datum)
-    if how == "magic":
-        return bytes([n]) + payload[1:]
-    if how == "varint":
-        return header + b"\xff" * (10 + n) + b"\x01" + datum
-    return payload
-
-
 # --- the two lanes --------------------------------------------------------------------------------------
 
 
@@ -188,49 +156,12 @@ def _per_message(deserializer: Deserializer, payloads: list[bytes]) -> Decoded:
         return deserializer.decode(messages(payloads), range(len(payloads)))
 
 
-def _outcomes(decoded: Decoded, count: int) -> Iterator[tuple[int, str, Any]]:
-    rows = dict(zip(decoded.fast, decoded.table.to_pylist(), strict=True))
-    dead = {position: error.reason for position, error in decoded.failures}
-    for position in range(count):
-        if position in dead:
-            yield position, "dead", dead[position]
-        elif position in rows:
-            yield position, "row", rows[position]
-        else:
-            yield position, "row", decoded.documents[position]
-
-
-def _same(left: Any, right: Any) -> bool:
-    """Equality where NaN equals NaN."""
-    if isinstance(left, float) and isinstance(right, float) and math.isnan(left) and math.isnan(right):
-        return True
-    if isinstance(left, dict) and isinstance(right, dict):
-        return left.keys() == right.keys() and all(_same(left[k], right[k]) for k in left)
-    if isinstance(left, list | tuple) and isinstance(right, list | tuple):
-        return len(left) == len(right) and all(_same(a, b) for a, b in zip(left, right, strict=True))
-    return bool(left == right)
-
-
 def check_batch(deserializer: Deserializer, payloads: list[bytes]) -> Decoded:
     """The column lane's batch gives each message the per-message lane's outcome (and the same table)."""
     assert len(payloads) >= COLUMN_LANE_MIN_MESSAGES
     batch = deserializer.decode(messages(payloads), range(len(payloads)))
-    _assert_agree(batch, _per_message(deserializer, payloads), payloads)
+    assert_agree(batch, _per_message(deserializer, payloads), payloads)
     return batch
-
-
-def _assert_agree(batch: Decoded, reference: Decoded, payloads: list[bytes]) -> None:
-    """Each message has the same outcome in both, and the tables are identical."""
-    check_partition(batch, len(payloads))
-    for got, expected in zip(_outcomes(batch, len(payloads)), _outcomes(reference, len(payloads)), strict=True):
-        assert got[:2] == expected[:2], (payloads[got[0]], got, expected)
-        assert _same(got[2], expected[2]), (payloads[got[0]], got, expected)
-    assert batch.fast == reference.fast
-    assert _identical(batch.table, reference.table)
-
-
-def _note_lane(decoded: Decoded) -> None:
-    event(f"column lane used: {any(position not in decoded.documents for position in decoded.fast)}")
 
 
 @st.composite
@@ -240,12 +171,12 @@ def _batches(draw: st.DrawFn, schemas: int = 1) -> tuple[list[Any], list[bytes]]
     parsed = [fastavro.parse_schema(schema) for schema in drawn]
     values = [draw(st.lists(_values(schema), min_size=1, max_size=6)) for schema in drawn]
     size = schemas * BATCH
-    corruptions = draw(st.lists(_CORRUPTIONS, min_size=size, max_size=size))
+    corruptions = draw(st.lists(CORRUPTIONS, min_size=size, max_size=size))
     payloads = []
     for i, corruption in enumerate(corruptions):
         k = i % schemas
         payload = confluent(k + 1, _datum(parsed[k], values[k][i % len(values[k])]))
-        payloads.append(_corrupt(payload, corruption))
+        payloads.append(corrupt(payload, corruption))
     return drawn, payloads
 
 
@@ -262,14 +193,14 @@ def _registry(schemas: list[Any]) -> MemoryRegistry:
 @given(_batches())
 def test_column_lane_agrees_with_the_per_message_lane(batch: tuple[list[Any], list[bytes]]) -> None:
     schemas, payloads = batch
-    _note_lane(check_batch(_deserializer(_registry(schemas)), payloads))
+    note_lane(check_batch(_deserializer(_registry(schemas)), payloads))
 
 
 @settings(SETTINGS, max_examples=max(1, SETTINGS.max_examples // 3))
 @given(_batches(schemas=2))
 def test_two_writer_schemas_in_one_batch(batch: tuple[list[Any], list[bytes]]) -> None:
     schemas, payloads = batch
-    _note_lane(check_batch(_deserializer(_registry(schemas)), payloads))
+    note_lane(check_batch(_deserializer(_registry(schemas)), payloads))
 
 
 @SETTINGS
@@ -286,31 +217,8 @@ def test_valid_datums_are_never_declined(drawn: tuple[Any, list[Any]]) -> None:
     table, bad = _read(reader, datums)
     assert not bad.any()
     expected = [fastavro.schemaless_reader(io.BytesIO(datum), parsed.parsed, None) for datum in datums]
-    assert _same(table.to_pylist(), expected)
-    assert _identical(table, pa.Table.from_struct_array(pa.array(expected, type=reader.arrow)))
-
-
-def _identical(left: pa.Table, right: pa.Table) -> bool:
-    """Same schema and values, floats compared bit for bit (NaN payloads included)."""
-    if left.schema != right.schema:
-        return False
-    while any(pa.types.is_struct(f.type) for f in left.schema):
-        left, right = left.flatten(), right.flatten()
-    for a, b in zip(left.columns, right.columns, strict=True):
-        if pa.types.is_floating(a.type):
-            a, b = a.combine_chunks(), b.combine_chunks()
-            width = "<u4" if a.type == pa.float32() else "<u8"
-            valid = np.asarray(a.is_valid())
-            if not (valid == np.asarray(b.is_valid())).all():
-                return False
-            if not (
-                a.to_numpy(zero_copy_only=False).view(width)[valid]
-                == b.to_numpy(zero_copy_only=False).view(width)[valid]
-            ).all():
-                return False
-        elif not a.equals(b):
-            return False
-    return True
+    assert same(table.to_pylist(), expected)
+    assert identical(table, pa.Table.from_struct_array(pa.array(expected, type=reader.arrow)))
 
 
 def _read(reader: ColumnReader, datums: list[bytes]) -> tuple[pa.Table, npt.NDArray[np.bool_]]:
@@ -364,7 +272,7 @@ def test_random_bytes_are_read_or_declined_never_misread(datums: list[bytes]) ->
         stream = io.BytesIO(datum)
         value = fastavro.schemaless_reader(stream, parsed.parsed, None)
         assert stream.tell() == len(datum)
-        assert _same(table.slice(i, 1).to_pylist()[0], value)
+        assert same(table.slice(i, 1).to_pylist()[0], value)
 
 
 # --- examples -------------------------------------------------------------------------------------------
@@ -517,13 +425,13 @@ def _corrupt_protobuf(payload: bytes, corruption: tuple[str, int]) -> bytes:
         return confluent(22 if n == 2 else n, payload[5:])
     if how == "varint":  # message indexes other than [0]
         return payload[:5] + bytes([2 * (1 + n % 3), 2]) + payload[6:]
-    return _corrupt(payload, corruption)
+    return corrupt(payload, corruption)
 
 
 @SETTINGS
 @given(
     st.lists(_PROTO_EVENTS, min_size=1, max_size=6),
-    st.lists(_CORRUPTIONS, min_size=BATCH, max_size=BATCH),
+    st.lists(CORRUPTIONS, min_size=BATCH, max_size=BATCH),
 )
 def test_protobuf_column_lane_agrees_with_the_per_message_lane(
     events: list[dict[str, Any]], corruptions: list[tuple[str, int]]
@@ -534,8 +442,8 @@ def test_protobuf_column_lane_agrees_with_the_per_message_lane(
     batch = deserializer.decode(messages(payloads), range(len(payloads)))
     with mock.patch.object(protobuf_module, "COLUMN_LANE_MIN_MESSAGES", 10**9):
         reference = deserializer.decode(messages(payloads), range(len(payloads)))
-    _assert_agree(batch, reference, payloads)
-    _note_lane(batch)
+    assert_agree(batch, reference, payloads)
+    note_lane(batch)
 
 
 def test_a_clean_protobuf_batch_takes_the_column_lane() -> None:
