@@ -36,6 +36,7 @@ def daemon_env(
     metadata_timestamp: bool = False,
     metrics_port: int = 0,
     src: Path = ROOT,
+    registry_url: str = "",
 ) -> dict[str, str]:
     data = DATASETS[dataset]
     env = {
@@ -52,7 +53,7 @@ def daemon_env(
         "K2D_INGEST__PROGRESS_INTERVAL_S": "5",
         "K2D_LOGGING__LEVEL": "INFO",
         "K2D_LOGGING__FORMAT": "json",
-        **data.daemon_env(work),
+        **data.daemon_env(work, registry_url),
     }
     if metadata_timestamp:
         env["K2D_TABLE__METADATA_COLUMNS"] = "timestamp"
@@ -92,12 +93,13 @@ def catchup(
     *,
     src: Path = ROOT,
     profile: Path | None = None,
+    registry_url: str = "",
 ) -> dict[str, Any]:
     """``kafka2delta ingest --until-caught-up`` on a backlog: wall time from process start to exit."""
     work.mkdir(parents=True, exist_ok=True)
     table = work / "table"
     log = work / "daemon.log"
-    env = daemon_env(bootstrap, topic, table, dataset, work, allowed_latency_s=5.0, src=src)
+    env = daemon_env(bootstrap, topic, table, dataset, work, allowed_latency_s=5.0, src=src, registry_url=registry_url)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started_wall = time.time()
     started = time.monotonic()

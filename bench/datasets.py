@@ -1,11 +1,13 @@
 """The benchmark's data sets: how each message is made, the table schema that holds it, the transforms.
 
-Three data sets, all on the demo's event shape (``dev/events.py``: a nested ``user`` object and an RFC 3339
+Four data sets, all on the demo's event shape (``dev/events.py``: a nested ``user`` object and an RFC 3339
 timestamp string):
 
 - ``json`` — the demo event as JSON, about 250 bytes;
 - ``json2k`` — the same event with an ``items`` array of 14 line items and a ``context`` object, about 2 KB;
-- ``avro`` — the demo event's fields as a bare Avro datum (``format.avro_schema_file``), about 150 bytes.
+- ``avro`` — the demo event's fields as a bare Avro datum (``format.avro_schema_file``), about 150 bytes;
+- ``protobuf`` — the demo event as a proto3 message in the Confluent wire format (:data:`EVENT_PROTO`, registered
+  in a schema registry, whose id the payloads carry), about 165 bytes.
 
 Payloads are built from string templates (no ``strftime`` per message) so that the producer, not the
 payload builder, sets the pace: a few hundred thousand messages per second from one Python process.
@@ -62,6 +64,18 @@ AVRO_SCHEMA: dict[str, Any] = {
         {"name": "ua", "type": "string"},
     ],
 }
+
+
+EVENT_PROTO = """syntax = "proto3";
+package bench;
+message Event {
+  string id = 1; string type = 2; double amount = 3; string ts = 4; User user = 5;
+  string session = 6; string page = 7; string referrer = 8; string ua = 9;
+}
+message User { int64 id = 1; string country = 2; }
+"""
+Maker = Callable[[int, int, str], bytes]
+"""``(partition, seq, ts) -> payload``."""
 
 
 class Timestamps:
@@ -132,18 +146,39 @@ def event_values(partition: int, seq: int, ts: str) -> dict[str, Any]:
     }
 
 
-def _avro_writer() -> Callable[[int, int, str], bytes]:
+def avro_writer(schema_id: int | None = None) -> Maker:
+    """Bare Avro datums, or behind a Confluent header naming ``schema_id``."""
     import fastavro
 
     parsed = fastavro.parse_schema(AVRO_SCHEMA)
     write = fastavro.schemaless_writer
+    header = b"" if schema_id is None else b"\x00" + schema_id.to_bytes(4, "big")
 
     def avro_event(partition: int, seq: int, ts: str) -> bytes:
         out = io.BytesIO()
+        out.write(header)
         write(out, parsed, event_values(partition, seq, ts))
         return out.getvalue()
 
     return avro_event
+
+
+def protobuf_writer(schema_id: int) -> Maker:
+    """:data:`EVENT_PROTO` events in the Confluent wire format (header, message indexes [0], message)."""
+    from google.protobuf import message_factory  # type: ignore[import-untyped]
+
+    from kafka2delta.serialization import compile_proto
+
+    compiled = compile_proto({"event.proto": EVENT_PROTO}, "event.proto")
+    if isinstance(compiled, str):
+        raise RuntimeError(compiled)
+    event_class = message_factory.GetMessageClass(compiled[1][0])
+    header = b"\x00" + schema_id.to_bytes(4, "big") + b"\x00"
+
+    def protobuf_event(partition: int, seq: int, ts: str) -> bytes:
+        return header + event_class(**event_values(partition, seq, ts)).SerializeToString()
+
+    return protobuf_event
 
 
 @dataclass(frozen=True)
@@ -153,14 +188,18 @@ class DataSet:
     schema: dict[str, str]
     format: str = "json"
     extra_env: dict[str, str] = field(default_factory=dict)
+    registered: tuple[str, str] | None = None
+    """(schema type, schema) the payloads' writer schema is registered as (they carry its id)."""
 
-    def maker(self) -> Callable[[int, int, str], bytes]:
-        """``(partition, seq, ts) -> payload``."""
+    def maker(self, schema_id: int = 0) -> Maker:
+        """``(partition, seq, ts) -> payload``; ``schema_id`` is the registered schema's (``registered``)."""
         if self.name == "json":
             return event_json
         if self.name == "json2k":
             return json2k_event
-        return _avro_writer()
+        if self.format == "protobuf":
+            return protobuf_writer(schema_id)
+        return avro_writer()
 
     def table_schema(self, metadata_timestamp: bool = False) -> dict[str, str]:
         schema = {**self.schema, **TRANSFORM_COLUMNS}
@@ -168,8 +207,10 @@ class DataSet:
             schema["kafka_timestamp"] = "timestamp"
         return schema
 
-    def daemon_env(self, work: Path) -> dict[str, str]:
+    def daemon_env(self, work: Path, registry_url: str = "") -> dict[str, str]:
         """The daemon's ``[format]`` settings for this data set (an .avsc written under ``work``)."""
+        if self.registered is not None:
+            return {"K2D_FORMAT__TYPE": self.format, "K2D_SCHEMA_REGISTRY__URL": registry_url}
         if self.format != "avro":
             return {}
         avsc = work / "event.avsc"
@@ -177,7 +218,7 @@ class DataSet:
         return {"K2D_FORMAT__TYPE": "avro", "K2D_FORMAT__AVRO_SCHEMA_FILE": str(avsc)}
 
     def average_size(self, samples: int = 2000) -> float:
-        make = self.maker()
+        make = self.maker(1)
         stamps = Timestamps(dt.datetime.now(dt.UTC))
         step = 7919  # spread the samples over the sequence space
         sizes = [len(make(i % 4, i * step, stamps.at(i * step))) for i in range(samples)]
@@ -188,4 +229,7 @@ DATASETS = {
     "json": DataSet("json", "JSON ~250 B", BASE_SCHEMA),
     "json2k": DataSet("json2k", "JSON ~2 KB", {**BASE_SCHEMA, **ITEMS_SCHEMA}),
     "avro": DataSet("avro", "Avro ~150 B", BASE_SCHEMA, format="avro"),
+    "protobuf": DataSet(
+        "protobuf", "Protobuf ~165 B", BASE_SCHEMA, format="protobuf", registered=("PROTOBUF", EVENT_PROTO)
+    ),
 }

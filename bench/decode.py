@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import cProfile
 import datetime as dt
-import io
 import json
 import pstats
 import statistics
@@ -33,11 +32,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import fastavro
 import pyarrow as pa
-from google.protobuf import message_factory  # type: ignore[import-untyped]
 
-from bench.datasets import AVRO_SCHEMA, DATASETS, TRANSFORMS, Timestamps, event_values
+from bench.datasets import (
+    AVRO_SCHEMA,
+    DATASETS,
+    EVENT_PROTO,
+    TRANSFORMS,
+    Maker,
+    Timestamps,
+    avro_writer,
+    protobuf_writer,
+)
 from dev.events import event_json
 from kafka2delta.config import FormatConfig, SchemaRegistryConfig
 from kafka2delta.errors import MessageError
@@ -45,21 +51,11 @@ from kafka2delta.pipeline import Pipeline
 from kafka2delta.records import PartitionMessages
 from kafka2delta.registry import RegisteredSchema, SchemaRegistry
 from kafka2delta.schema import parse_schema
-from kafka2delta.serialization import Deserializer, build_deserializer, compile_proto
+from kafka2delta.serialization import Deserializer, build_deserializer
 from kafka2delta.transforms import Transformer
 
 FORMATS = ("json", "avro", "avro-file", "protobuf")
 SCHEMA_ID = 1
-EVENT_PROTO = """syntax = "proto3";
-package bench;
-message Event {
-  string id = 1; string type = 2; double amount = 3; string ts = 4; User user = 5;
-  string session = 6; string page = 7; string referrer = 8; string ua = 9;
-}
-message User { int64 id = 1; string country = 2; }
-"""
-Maker = Callable[[int, int, str], bytes]
-"""``(partition, seq, ts) -> payload``."""
 
 
 class MemoryRegistry(SchemaRegistry):
@@ -79,34 +75,6 @@ class MemoryRegistry(SchemaRegistry):
         raise MessageError("deserialize", f"no references here ({subject} v{version})")
 
 
-def _avro_maker(framed: bool) -> Maker:
-    parsed = fastavro.parse_schema(AVRO_SCHEMA)
-    header = b"\x00" + SCHEMA_ID.to_bytes(4, "big") if framed else b""
-
-    def make(partition: int, seq: int, ts: str) -> bytes:
-        out = io.BytesIO()
-        out.write(header)
-        fastavro.schemaless_writer(out, parsed, event_values(partition, seq, ts))
-        return out.getvalue()
-
-    return make
-
-
-def _protobuf_maker() -> Maker:
-    compiled = compile_proto({"event.proto": EVENT_PROTO}, "event.proto")
-    if isinstance(compiled, str):
-        raise RuntimeError(compiled)
-    _, top = compiled
-    event_class = message_factory.GetMessageClass(top[0])
-    # Confluent framing: magic, schema id, message indexes (a count of 0: the first message type, Event).
-    header = b"\x00" + SCHEMA_ID.to_bytes(4, "big") + b"\x00"
-
-    def make(partition: int, seq: int, ts: str) -> bytes:
-        return header + event_class(**event_values(partition, seq, ts)).SerializeToString()
-
-    return make
-
-
 def build_pipeline(format_name: str, work: Path) -> tuple[Pipeline, Deserializer, Maker]:
     """The pipeline ``cli.build_pipeline`` would build for the bench's table and transforms, and the payload maker."""
     registry: SchemaRegistry | None = None
@@ -116,16 +84,16 @@ def build_pipeline(format_name: str, work: Path) -> tuple[Pipeline, Deserializer
     elif format_name == "avro":
         registry = MemoryRegistry({SCHEMA_ID: RegisteredSchema(SCHEMA_ID, "AVRO", json.dumps(AVRO_SCHEMA))})
         config = FormatConfig(type="avro")
-        make = _avro_maker(framed=True)
+        make = avro_writer(SCHEMA_ID)
     elif format_name == "avro-file":
         avsc = work / "event.avsc"
         avsc.write_text(json.dumps(AVRO_SCHEMA))
         config = FormatConfig(type="avro", avro_schema_file=str(avsc))
-        make = _avro_maker(framed=False)
+        make = avro_writer()
     elif format_name == "protobuf":
         registry = MemoryRegistry({SCHEMA_ID: RegisteredSchema(SCHEMA_ID, "PROTOBUF", EVENT_PROTO)})
         config = FormatConfig(type="protobuf")
-        make = _protobuf_maker()
+        make = protobuf_writer(SCHEMA_ID)
     else:
         raise SystemExit(f"unknown format {format_name!r} (one of {', '.join(FORMATS)})")
     deserializer = build_deserializer(config, registry, "events")

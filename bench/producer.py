@@ -48,23 +48,23 @@ def _producer(bootstrap: str, settings: dict[str, object]) -> Producer:
 
 
 def produce_backlog(
-    bootstrap: str, topic: str, partitions: int, messages: int, dataset: str, workers: int = 2
+    bootstrap: str, topic: str, partitions: int, messages: int, dataset: str, workers: int = 2, schema_id: int = 0
 ) -> dict[str, float]:
     """Produce ``messages`` (a multiple of ``partitions`` is produced: the rest is dropped) round-robin over
     the partitions, from ``workers`` processes that each own a share of the partitions; return the count,
-    seconds and payload bytes."""
+    seconds and payload bytes. ``schema_id``: the registered writer schema of a registry data set."""
     per_partition = messages // partitions
     base = dt.datetime.now(dt.UTC)
     shares = [list(range(partitions))[w::workers] for w in range(min(workers, partitions))]
     started = time.monotonic()
     if len(shares) == 1:
-        total_bytes = _produce_share(bootstrap, topic, shares[0], per_partition, dataset, base)
+        total_bytes = _produce_share(bootstrap, topic, shares[0], per_partition, dataset, base, schema_id)
     else:
         context = multiprocessing.get_context("fork")
         # The workers take SIGTERM's default action (the harness's handler would make Pool's exit noisy).
         with context.Pool(len(shares), initializer=signal.signal, initargs=(signal.SIGTERM, signal.SIG_DFL)) as pool:
             sizes = pool.starmap(
-                _produce_share, [(bootstrap, topic, share, per_partition, dataset, base) for share in shares]
+                _produce_share, [(bootstrap, topic, share, per_partition, dataset, base, schema_id) for share in shares]
             )
         total_bytes = sum(sizes)
     return {
@@ -75,10 +75,16 @@ def produce_backlog(
 
 
 def _produce_share(
-    bootstrap: str, topic: str, partitions: list[int], per_partition: int, dataset: str, base: dt.datetime
+    bootstrap: str,
+    topic: str,
+    partitions: list[int],
+    per_partition: int,
+    dataset: str,
+    base: dt.datetime,
+    schema_id: int = 0,
 ) -> int:
     """``per_partition`` messages to each of ``partitions``; returns the payload bytes."""
-    make = DATASETS[dataset].maker()
+    make = DATASETS[dataset].maker(schema_id)
     producer = _producer(bootstrap, BACKLOG_SETTINGS)
     stamps = Timestamps(base)
     produce = producer.produce

@@ -21,6 +21,7 @@ and bench/results/latest.json, latest.md and the PNG plots (bench/report.py).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
@@ -37,12 +38,13 @@ from typing import Any
 import numpy as np
 
 from bench import daemon, report, writers
-from bench.datasets import SPARK_TRANSFORMS, TRANSFORMS
+from bench.datasets import DATASETS, SPARK_TRANSFORMS, TRANSFORMS
 from bench.latency import cdf_points, summary
 from bench.measure import TreeMonitor, busy_processes, git_state, load_average, machine
 from bench.producer import produce_backlog
 from dev.kafka.broker import LocalBroker, create_topic
 from dev.local_server import free_ports
+from dev.registry.registry import LocalRegistry
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -59,7 +61,7 @@ FULL = {
     "warmup_seconds": 10,
     "scaling_messages": [500_000, 2_000_000, 8_000_000],
     "scaling_partitions": [1, 4, 16, 64],
-    "scaling_datasets": ["json", "json2k", "avro"],
+    "scaling_datasets": ["json", "json2k", "avro", "protobuf"],
     "writers": [1, 2, 4, 8],
     "writers_stores": ["local", "s3", "s3-latency"],
     "writers_rate": 6000,
@@ -74,7 +76,7 @@ QUICK = {
     "warmup_seconds": 5,
     "scaling_messages": [100_000, 200_000, 400_000],
     "scaling_partitions": [1, 4, 16],
-    "scaling_datasets": ["json", "json2k", "avro"],
+    "scaling_datasets": ["json", "json2k", "avro", "protobuf"],
     "writers": [1, 2],
     "writers_stores": ["local", "s3"],
     "writers_rate": 2000,
@@ -108,6 +110,27 @@ class Bench:
         self.src = Path(args.src).resolve() if args.src else ROOT
         self.bootstrap = ""
         self.produced: dict[str, tuple[int, int]] = {}  # topic -> (messages, payload bytes)
+        self.servers = contextlib.ExitStack()  # what a scenario starts besides the broker (it stops them)
+        self._registry: LocalRegistry | None = None
+
+    @property
+    def registry_url(self) -> str:
+        """The schema registry of the registry data sets (Apicurio, started on first use)."""
+        if self._registry is None:
+            self._registry = self.servers.enter_context(LocalRegistry(self.work / "registry"))
+            log(f"schema registry on {self._registry.url}")
+        return self._registry.url
+
+    def _register(self, topic: str, dataset: str) -> int:
+        """The data set's writer schema registered under ``<topic>-value``: its id (0 when it has none)."""
+        registered = DATASETS[dataset].registered
+        if registered is None:
+            return 0
+        from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+
+        schema_type, text = registered
+        client = SchemaRegistryClient({"url": self.registry_url})
+        return int(client.register_schema(f"{topic}-value", Schema(text, schema_type)))
 
     # --- topics -----------------------------------------------------------------------------
 
@@ -115,7 +138,8 @@ class Bench:
         """A fresh topic holding ``messages`` of ``dataset``; (topic, messages, payload bytes)."""
         topic = f"bench-{dataset}-{partitions}p-{messages}-{uuid.uuid4().hex[:6]}"
         create_topic(self.bootstrap, topic, partitions)
-        produced = produce_backlog(self.bootstrap, topic, partitions, messages, dataset)
+        schema_id = self._register(topic, dataset)
+        produced = produce_backlog(self.bootstrap, topic, partitions, messages, dataset, schema_id=schema_id)
         log(
             f"produced {produced['messages']:,} {dataset} messages to {partitions} partitions in "
             f"{produced['seconds']:.1f} s ({produced['messages'] / produced['seconds']:,.0f} msg/s)"
@@ -131,7 +155,11 @@ class Bench:
     # --- the daemon -------------------------------------------------------------------------
 
     def daemon_catchup(self, topic: str, messages: int, payload: int, dataset: str, name: str) -> dict[str, Any]:
-        result = daemon.catchup(self.bootstrap, topic, messages, payload, dataset, self._scratch(name), src=self.src)
+        registry_url = self.registry_url if DATASETS[dataset].registered else ""
+        work = self._scratch(name)
+        result = daemon.catchup(
+            self.bootstrap, topic, messages, payload, dataset, work, src=self.src, registry_url=registry_url
+        )
         log(
             f"daemon {name}: {result['msgs_per_s']:,} msg/s, {result['cpu_s_per_million']} CPU s/M, "
             f"peak RSS {result['peak_rss_mb']} MB, {result['commits']} commits"
@@ -329,7 +357,9 @@ class Bench:
 
         if not self.args.skip_scaling:
             log("scenario 3: scaling")
-            results["scaling"] = self.scaling(catchup)
+            with self.servers:  # the schema registry of the registry data sets stops with the scenario
+                results["scaling"] = self.scaling(catchup)
+            self._registry = None
             catchup.update(per_format(results["scaling"]))
         self.save(results)
 
