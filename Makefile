@@ -51,7 +51,7 @@ $(VENV)/.bench-installed: pyproject.toml $(VENV)/.installed
 	$(PY) -m pip install -q -e '.[dev,bench]'
 	touch $@
 
-## bench: every scenario at full size (~15 min on 2 cores): starts its own broker, writes bench/results/
+## bench: every scenario at full size (~25 min on 2 cores): starts its own broker, writes bench/results/
 bench: bench-install
 	$(PY) -m bench.run $(BENCH_ARGS)
 
