@@ -9,13 +9,14 @@ rows whose next tag is the field's read its value and step past it; the others h
 
 Like Avro's lane, this one only ever *declines* a message, never decides one: bytes left unread at a message's
 end (a field out of order or repeated, an unknown field, a wrong wire type), a length past the end, a varint
-longer than 64 bits, a value outside its field's range, a number a closed (proto2) enum does not name, invalid UTF-8,
-a Timestamp outside Python's datetimes: the caller reads those messages with the protobuf library, which alone
-makes dead letters.
+longer than 64 bits (a tag or a length longer than 5 bytes), a value outside its field's range, a number a
+closed (proto2) enum does not name, invalid UTF-8, a Timestamp outside Python's datetimes: the caller reads
+those messages with the protobuf library, which alone makes dead letters.
 
 Schemas it reads: scalars, strings, bytes, enums, nested messages, ``google.protobuf.Timestamp`` and the
-wrapper types. A repeated field, a map, a group, a oneof of several fields or a recursive message makes
-:func:`wire_reader` answer None: that schema keeps the protobuf library's lane.
+wrapper types. A repeated field, a map, a group, a oneof of several fields, a recursive message or messages
+nested deeper than :data:`MAX_MESSAGE_DEPTH` make :func:`wire_reader` answer None: that schema keeps the
+protobuf library's lane.
 """
 
 from __future__ import annotations
@@ -50,6 +51,10 @@ _SECONDS_MIN, _SECONDS_MAX = -62_135_596_800, 253_402_300_799
 _MICROS_MIN, _MICROS_MAX = _SECONDS_MIN * 1_000_000, _SECONDS_MAX * 1_000_000 + 999_999
 
 _VARINT, _FIXED64, _LENGTH, _FIXED32 = 0, 1, 2, 5
+_SHORT_VARINT_BYTES = 5
+MAX_MESSAGE_DEPTH = 64
+"""Deepest nesting of message types the lane reads (upb refuses a message nested deeper than 100 levels; the
+later stages refuse documents deeper than 64 anyway)."""
 _TIMESTAMP = "google.protobuf.Timestamp"
 _WRAPPERS = {
     "google.protobuf.DoubleValue",
@@ -93,6 +98,8 @@ def _message(descriptor: Any, stack: tuple[str, ...]) -> tuple[pa.StructType, Re
     name = descriptor.full_name
     if name in stack:
         raise _Unsupported(f"recursive message {name}")
+    if len(stack) >= MAX_MESSAGE_DEPTH:
+        raise _Unsupported(f"message {name} nested {len(stack)} levels deep")
     inner = (*stack, name)
     struct_fields: list[pa.Field] = []
     by_number: list[tuple[int, int, _Field]] = []  # (number, declaration index, field)
@@ -130,6 +137,8 @@ def _read_message(struct: pa.StructType, by_number: list[tuple[int, int, _Field]
             children[index] = _spread(values, which, len(rows), field.absent)
         # A tag left unread (a field out of order, repeated or unknown) leaves its row short of its end:
         # the caller declines it.
+        if not children:  # a message type without fields (google.protobuf.Empty): from_arrays would have no rows
+            return pa.array([{}] * len(rows), struct), positions
         return pa.StructArray.from_arrays(children, fields=struct_fields), positions
 
     return read
@@ -141,7 +150,14 @@ def _next_tags(
     """The tags at ``positions`` of the rows ``which`` that have bytes left, and the positions after them."""
     going = which[positions[which] < ends[which]]
     if going.size:
-        tags[going], after_tags[going] = unsigned_varint(cursor, rows[going], positions[going])
+        tags[going], after_tags[going] = _short_varint(cursor, rows[going], positions[going])
+
+
+def _short_varint(cursor: Cursor, rows: Ints, positions: Ints) -> tuple[Any, Ints]:
+    """A tag or a length: a varint the library reads in at most 5 bytes (longer is "wire format corrupt")."""
+    values, after = unsigned_varint(cursor, rows, positions)
+    cursor.decline(rows, after - positions > _SHORT_VARINT_BYTES)
+    return values, after
 
 
 def _spread(values: pa.Array, which: Ints, count: int, absent: pa.Array) -> pa.Array:
@@ -192,7 +208,7 @@ def _embedded(read_message: Read, convert: Callable[[Cursor, Ints, pa.StructArra
     """A length-delimited message: its fields read between its own bounds."""
 
     def read(cursor: Cursor, rows: Ints, positions: Ints) -> tuple[pa.Array, Ints]:
-        sizes, starts = unsigned_varint(cursor, rows, positions)
+        sizes, starts = _short_varint(cursor, rows, positions)
         ends = cursor.ends[rows]
         signed = sizes.view(np.int64)
         wrong = (signed < 0) | (signed > ends - starts)
@@ -303,7 +319,7 @@ def _fixed(size: int, dtype: str, arrow: pa.DataType) -> Read:
 
 def _sized(arrow: pa.DataType) -> Read:
     def read(cursor: Cursor, rows: Ints, positions: Ints) -> tuple[pa.Array, Ints]:
-        sizes, starts = unsigned_varint(cursor, rows, positions)
+        sizes, starts = _short_varint(cursor, rows, positions)
         return byte_strings(cursor, rows, starts, sizes.view(np.int64), arrow)
 
     return read

@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kafka2delta.config import FormatConfig
-from kafka2delta.serialization import Decoded, Deserializer, build_deserializer, protobuf_to_arrow
+from kafka2delta.serialization import Decoded, Deserializer, build_deserializer, protobuf_batch, protobuf_to_arrow
 from kafka2delta.serialization import protobuf as protobuf_module
 from kafka2delta.serialization.avro_batch import lay_out
 from kafka2delta.serialization.protobuf_batch import wire_reader
@@ -288,3 +288,37 @@ def test_small_batches_are_read_one_by_one() -> None:
     decoded = _deserializer().decode(messages(small), range(len(small)))
     assert len(decoded.documents) == len(small)  # one by one, as dicts
     assert np.array_equal(decoded.table.column("i64").to_numpy(), np.arange(len(small)))
+
+
+def test_what_the_library_refuses_the_wire_lane_declines() -> None:
+    """Tags and lengths longer than 5 bytes are corrupt for the library (found by review): dead letters, as
+    message by message. A field of a message type without fields (google.protobuf.Empty) reads as an empty struct."""
+    registry = _registry()
+    registry.add(
+        44,
+        'syntax = "proto3"; import "google/protobuf/empty.proto";'
+        "message M { int64 a = 1; string s = 3; google.protobuf.Empty e = 2; }",
+        "PROTOBUF",
+    )
+    deserializer = build_deserializer(FormatConfig(type="protobuf"), registry, "events")  # type: ignore[arg-type]
+    payloads = [
+        confluent(44, b"\x08" + bytes([i % 100]) + (b"\x12\x00" if i % 3 else b""), b"\x00") for i in range(BATCH)
+    ]
+    payloads[1] = confluent(44, b"\x88\x80\x80\x80\x80\x00\x05", b"\x00")  # field 1 behind a 6-byte tag
+    payloads[2] = confluent(44, b"\x1a\x81\x80\x80\x80\x80\x00x", b"\x00")  # a string behind a 6-byte length
+    payloads[4] = confluent(44, b"\x88\x80\x80\x80\x00\x05", b"\x00")  # a 5-byte tag: valid
+    batch = deserializer.decode(messages(payloads), range(len(payloads)))
+    assert_agree(batch, _per_message(deserializer, payloads), payloads)
+    assert sorted(position for position, _ in batch.failures) == [1, 2]
+    values = dict(zip(batch.fast, batch.table.to_pylist(), strict=True))
+    assert values[4]["a"] == 5
+    assert values[0]["e"] is None and values[5]["e"] == {}
+
+
+def test_messages_nested_deeper_than_the_library_reads_keep_the_library_lane() -> None:
+    chain = "".join(f"message M{k} {{ int64 v = 1; M{k + 1} next = 2; }}" for k in range(101))
+    pool = compile_with_protoc({"m.proto": f'syntax = "proto3"; {chain} message M101 {{ int64 v = 1; }}'}, "m.proto")
+    deep = pool.FindMessageTypeByName("M0")
+    assert wire_reader(deep, protobuf_to_arrow(deep)) is None
+    shallow = pool.FindMessageTypeByName(f"M{102 - protobuf_batch.MAX_MESSAGE_DEPTH}")  # 64 levels
+    assert wire_reader(shallow, protobuf_to_arrow(shallow)) is not None
