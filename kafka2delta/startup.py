@@ -13,7 +13,6 @@ This module imports only the standard library, on purpose.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 import os
 import signal
@@ -62,10 +61,7 @@ def limit_malloc_arenas() -> None:
     itself) wins, and other C libraries (musl) are left alone."""
     if "MALLOC_ARENA_MAX" in os.environ or not sys.platform.startswith("linux"):
         return
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return
-    libc = ctypes.CDLL(name)
+    libc = ctypes.CDLL(None)  # the C library the interpreter runs on (no search for it)
     if hasattr(libc, "mallopt") and hasattr(libc, "gnu_get_libc_version"):  # glibc only
         libc.mallopt(_M_ARENA_MAX, MALLOC_ARENAS)
 

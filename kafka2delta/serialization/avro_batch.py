@@ -197,7 +197,12 @@ class _Compiler:
 def varint(cursor: Cursor, rows: Ints, positions: Ints) -> tuple[Ints, Ints]:
     """Zigzag varints (Avro int and long) at ``positions``: (values, positions after them)."""
     raw, positions = unsigned_varint(cursor, rows, positions)
-    return (raw >> np.uint64(1)).view(np.int64) ^ -(raw & np.uint64(1)).view(np.int64), positions
+    return zigzag(raw), positions
+
+
+def zigzag(raw: npt.NDArray[np.uint64]) -> Ints:
+    """Zigzag-encoded varints (Avro's int and long, protobuf's sint32 and sint64) decoded."""
+    return (raw >> np.uint64(1)).view(np.int64) ^ -(raw & np.uint64(1)).view(np.int64)
 
 
 def unsigned_varint(cursor: Cursor, rows: Ints, positions: Ints) -> tuple[npt.NDArray[np.uint64], Ints]:
@@ -221,10 +226,10 @@ def unsigned_varint(cursor: Cursor, rows: Ints, positions: Ints) -> tuple[npt.ND
         going = going[(byte & 0x80) != 0]
     if going.size:  # still going after 10 bytes
         cursor.bad[rows[going]] = True
-    return raw, bounded(cursor, rows, positions + sizes)
+    return raw, _bounded(cursor, rows, positions + sizes)
 
 
-def bounded(cursor: Cursor, rows: Ints, positions: Ints) -> Ints:
+def _bounded(cursor: Cursor, rows: Ints, positions: Ints) -> Ints:
     """Positions past their datum's end are declined and held at the end (so reads stay in the buffer)."""
     ends = cursor.ends[rows]
     over = positions > ends
@@ -240,7 +245,7 @@ def _read_null(cursor: Cursor, rows: Ints, positions: Ints) -> tuple[pa.Array, I
 
 def _read_boolean(cursor: Cursor, rows: Ints, positions: Ints) -> tuple[pa.Array, Ints]:
     values = cursor.buffer[positions] != 0  # fastavro: any byte but 0 is true
-    return pa.array(values, pa.bool_()), bounded(cursor, rows, positions + 1)
+    return pa.array(values, pa.bool_()), _bounded(cursor, rows, positions + 1)
 
 
 def _read_long(cursor: Cursor, rows: Ints, positions: Ints) -> tuple[pa.Array, Ints]:
@@ -260,7 +265,7 @@ def fixed_width(cursor: Cursor, rows: Ints, positions: Ints, size: int) -> tuple
     index = positions[:, None] + np.arange(size, dtype=np.int64)
     if size >= PADDING:  # a read from a truncated datum's end could leave the buffer
         np.minimum(index, len(cursor.buffer) - 1, out=index)
-    return cursor.buffer[index], bounded(cursor, rows, positions + size)
+    return cursor.buffer[index], _bounded(cursor, rows, positions + size)
 
 
 def read_float(cursor: Cursor, rows: Ints, positions: Ints) -> tuple[pa.Array, Ints]:

@@ -657,7 +657,9 @@ class ProtobufDeserializer(BaseDeserializer):
             if message.wire is not None:
                 # The bodies start after the header and the message-index byte (0: the first message type).
                 table, declined = message.wire.read(datums.buffer, datums.starts[rows] + 1, datums.ends[rows])
-                pieces.append((at[rows[~declined]].tolist(), table.filter(pa.array(~declined))))
+                if declined.any():
+                    table = table.filter(pa.array(~declined))
+                pieces.append((at[rows[~declined]].tolist(), table))
                 rows = rows[declined]  # the library lane reads them (and says why, if it cannot)
             if len(rows):
                 kept, table, left = self._library_lane(

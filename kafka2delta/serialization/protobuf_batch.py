@@ -40,6 +40,7 @@ from kafka2delta.serialization.avro_batch import (
     read_double,
     read_float,
     unsigned_varint,
+    zigzag,
 )
 
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
@@ -243,9 +244,7 @@ def _enum(names: dict[int, str], closed: bool) -> Read:
     symbols = pa.array([names[number] for number in numbers.tolist()], pa.string())
 
     def read(cursor: Cursor, rows: Ints, positions: Ints) -> tuple[pa.Array, Ints]:
-        raw, positions = unsigned_varint(cursor, rows, positions)
-        values = raw.view(np.int64)  # a negative number is written sign-extended to 64 bits
-        cursor.decline(rows, (values < _INT32_MIN) | (values > _INT32_MAX))
+        values, positions = _int32_values(cursor, rows, positions)
         at = np.minimum(np.searchsorted(numbers, values), len(numbers) - 1)
         unnamed = numbers[at] != values
         named = symbols.take(pa.array(np.where(unnamed, 0, at)))
@@ -269,10 +268,17 @@ def _int64(cursor: Cursor, rows: Ints, positions: Ints) -> tuple[pa.Array, Ints]
 
 
 def _int32(cursor: Cursor, rows: Ints, positions: Ints) -> tuple[pa.Array, Ints]:
-    raw, positions = unsigned_varint(cursor, rows, positions)
-    values = raw.view(np.int64)  # a negative int32 is written sign-extended to 64 bits
-    cursor.decline(rows, (values < _INT32_MIN) | (values > _INT32_MAX))
+    values, positions = _int32_values(cursor, rows, positions)
     return pa.array(values.astype(np.int32), pa.int32()), positions
+
+
+def _int32_values(cursor: Cursor, rows: Ints, positions: Ints) -> tuple[Ints, Ints]:
+    """Varints of int32 fields and enums: a negative one is written sign-extended to 64 bits; beyond 32 bits the
+    library would truncate, the lane declines."""
+    raw, positions = unsigned_varint(cursor, rows, positions)
+    values = raw.view(np.int64)
+    cursor.decline(rows, (values < _INT32_MIN) | (values > _INT32_MAX))
+    return values, positions
 
 
 def _uint32(cursor: Cursor, rows: Ints, positions: Ints) -> tuple[pa.Array, Ints]:
@@ -286,19 +292,15 @@ def _uint64(cursor: Cursor, rows: Ints, positions: Ints) -> tuple[pa.Array, Ints
     return pa.array(raw, pa.uint64()).cast(pa.decimal128(20, 0)), positions
 
 
-def _zigzag(raw: Any) -> Ints:
-    return (raw >> np.uint64(1)).view(np.int64) ^ -(raw & np.uint64(1)).view(np.int64)  # type: ignore[no-any-return]
-
-
 def _sint64(cursor: Cursor, rows: Ints, positions: Ints) -> tuple[pa.Array, Ints]:
     raw, positions = unsigned_varint(cursor, rows, positions)
-    return pa.array(_zigzag(raw), pa.int64()), positions
+    return pa.array(zigzag(raw), pa.int64()), positions
 
 
 def _sint32(cursor: Cursor, rows: Ints, positions: Ints) -> tuple[pa.Array, Ints]:
     raw, positions = unsigned_varint(cursor, rows, positions)
     cursor.decline(rows, raw >= _UINT32_LIMIT)
-    return pa.array(_zigzag(raw).astype(np.int32), pa.int32()), positions
+    return pa.array(zigzag(raw).astype(np.int32), pa.int32()), positions
 
 
 def _bool(cursor: Cursor, rows: Ints, positions: Ints) -> tuple[pa.Array, Ints]:
