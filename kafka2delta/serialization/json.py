@@ -11,7 +11,10 @@ from __future__ import annotations
 import json
 import math
 import re
+import resource
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from functools import cache
 from typing import Any, cast
 
 import pyarrow as pa
@@ -301,12 +304,13 @@ class JsonDeserializer(BaseDeserializer):
     def _read(self, payloads: list[bytes], positions: Sequence[int]) -> Decoded:
         indices = list(range(len(payloads)))
         deep: list[int] = []
-        if payloads and max(map(len, payloads)) > MAX_ARROW_JSON_DEPTH:
-            # Arrow's parser recurses on the C stack: ~10,000 levels crash the process. Only a
-            # payload longer than the limit can nest deeper; those that do never reach Arrow.
-            deep = [i for i in indices if _nests_deeper(payloads[i], MAX_ARROW_JSON_DEPTH)]
+        if payloads and max(map(len, payloads)) > ARROW_SAFE_DEPTH:
+            # Arrow's parser recurses on the C stack, and deep enough nesting crashes the process. Only
+            # a payload longer than the safe depth can nest deeper; those that do never reach Arrow.
+            deep = [i for i in indices if _nests_deeper(payloads[i], ARROW_SAFE_DEPTH)]
             if deep:
-                indices = [i for i in indices if i not in set(deep)]
+                skipped = set(deep)
+                indices = [i for i in indices if i not in skipped]
         pieces, alone, refused = self._isolate(payloads, indices)
         alone = sorted(alone + deep)
         documents: dict[int, dict[str, Any]] = {positions[index]: document for index, document in refused.items()}
@@ -356,21 +360,23 @@ class JsonDeserializer(BaseDeserializer):
         Either way a message is in the table exactly when Arrow reads it alone (and its piece
         concatenates), so the outcome does not depend on the neighbours or on these shortcuts.
         """
-        good: list[tuple[list[int], pa.Table]] = []
+        good, failed = self._first_reads(payloads, indices)
         alone: list[int] = []
         refused: dict[int, dict[str, Any]] = {}
-        pending: list[tuple[list[int], bool]] = [(indices, False)]
+        # (chunk, screened, the error of its read when it was read already); popped from the end.
+        pending: list[tuple[list[int], bool, Exception | None]] = [(chunk, False, e) for chunk, e in failed[::-1]]
         found = 0
         hints = _SCREEN_AFTER  # a wrong hint costs a read: a few per batch at most
         while pending:
-            chunk, screened = pending.pop()
+            chunk, screened, error = pending.pop()
             if not chunk:
                 continue
-            try:
-                good.append((chunk, self._read_chunk([payloads[i] for i in chunk])))
-                continue
-            except (pa.ArrowInvalid, ValueError, UnicodeDecodeError) as exc:
-                error = exc
+            if error is None:
+                try:
+                    good.append((chunk, self._read_chunk([payloads[i] for i in chunk])))
+                    continue
+                except _REFUSALS as exc:
+                    error = exc
             if len(chunk) == 1:
                 alone.append(chunk[0])
                 found += 1
@@ -386,20 +392,20 @@ class JsonDeserializer(BaseDeserializer):
                 if document is not None:
                     refused[suspect] = document
                     found += 1
-                    pending.append((chunk[:row] + chunk[row + 1 :], screened))
+                    pending.append((chunk[:row] + chunk[row + 1 :], screened, None))
                     continue
                 try:
                     piece = self._read_chunk([payloads[suspect]])
-                except (pa.ArrowInvalid, ValueError, UnicodeDecodeError):
+                except _REFUSALS:
                     alone.append(suspect)
                     found += 1
-                    pending.append((chunk[:row] + chunk[row + 1 :], screened))
+                    pending.append((chunk[:row] + chunk[row + 1 :], screened, None))
                     continue
                 # A wrong hint (the row was not the culprit alone): keep the piece, bisect the rest.
                 good.append(([suspect], piece))
                 chunk = chunk[:row] + chunk[row + 1 :]
                 if len(chunk) == 1:
-                    pending.append((chunk, screened))
+                    pending.append((chunk, screened, None))
                     continue
             if found >= _SCREEN_AFTER and not screened:
                 # Many failures: set aside every certain mismatch of the chunk at once.
@@ -411,12 +417,12 @@ class JsonDeserializer(BaseDeserializer):
                     else:
                         refused[index] = document
                         found += 1
-                pending.append((rest, True))
+                pending.append((rest, True, None))
                 continue
             middle = len(chunk) // 2
             # Push the second half first so the first half is handled first: order is kept.
-            pending.append((chunk[middle:], screened))
-            pending.append((chunk[:middle], screened))
+            pending.append((chunk[middle:], screened, None))
+            pending.append((chunk[:middle], screened, None))
         good.sort(key=lambda piece: piece[0][0])
         alone.sort()
         return good, alone, refused
@@ -434,8 +440,47 @@ class JsonDeserializer(BaseDeserializer):
                 return document
         return None
 
+    def _first_reads(
+        self, payloads: list[bytes], indices: list[int]
+    ) -> tuple[list[tuple[list[int], pa.Table]], list[tuple[list[int], Exception | None]]]:
+        """The batch's first read: (the pieces read, the chunks still to read or bisect, with their error).
+
+        A batch of at least :data:`PARALLEL_READ_MIN_BYTES` is read as :data:`PARALLEL_READS` contiguous
+        parts at once (Arrow parses without the GIL). When every part reads and their tables concatenate
+        with no promotion but filling absent or all-null columns, that is the table one read gives; when
+        their inferred types differ (``int64`` in one part, ``double`` in the other …) the batch is read
+        again as one, so a value never depends on where the batch was cut. A part that fails is
+        bisected as the halves of a failed read are; the parts read join the pieces.
+        """
+        if len(indices) < PARALLEL_READS or sum(len(payloads[i]) for i in indices) < PARALLEL_READ_MIN_BYTES:
+            return [], [(indices, None)]
+        step = -(-len(indices) // PARALLEL_READS)
+        parts = [indices[start : start + step] for start in range(0, len(indices), step)]
+        self.reads += len(parts)
+        futures = [_readers().submit(self._try_parse, [payloads[i] for i in part]) for part in parts]
+        results = [future.result() for future in futures]
+        read = [(part, table) for part, table in zip(parts, results, strict=True) if isinstance(table, pa.Table)]
+        if len(read) < len(parts):
+            failed = [(part, e) for part, e in zip(parts, results, strict=True) if not isinstance(e, pa.Table)]
+            return read, failed
+        try:
+            return [(indices, pa.concat_tables([table for _, table in read], promote_options="default"))], []
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            return [], [(indices, None)]
+
+    def _try_parse(self, chunk: list[bytes]) -> pa.Table | Exception:
+        """:meth:`_parse`, its refusal returned rather than raised (it runs on a reader thread)."""
+        try:
+            return self._parse(chunk)
+        except _REFUSALS as exc:
+            return exc
+
     def _read_chunk(self, chunk: list[bytes]) -> pa.Table:
         self.reads += 1
+        return self._parse(chunk)
+
+    def _parse(self, chunk: list[bytes]) -> pa.Table:
+        """The table of ``chunk``, one row per payload, or an error among :data:`_REFUSALS`; thread-safe."""
         # The first value is an empty object: pyarrow 26's JSON reader crashes the process (SIGSEGV)
         # when the first value of its input is ``null``, and a lone ``null`` payload must not do that.
         data = b"\n".join([b"{}", *chunk])
@@ -454,14 +499,15 @@ class JsonDeserializer(BaseDeserializer):
         if table.num_rows != len(chunk) + 1:
             raise _RowCountMismatch(f"payloads held {table.num_rows - 1} JSON values for {len(chunk)} messages")
         table = table.slice(1)
+        # Later stages walk documents recursively in Python: deeper messages are dead letters, decided
+        # by the reference lane, which counts each message's own depth. Checked before the validation,
+        # which recurses on the C stack about twice as deep per level as the parser.
+        if _type_depth(table.schema) > MAX_DOCUMENT_DEPTH:
+            raise ValueError(f"nested deeper than {MAX_DOCUMENT_DEPTH} levels")
         # pyarrow 26 builds invalid arrays for some inferred list<null> values ([null, null] gives a
         # child shorter than the offsets say); a full validation (~0.4 ms per 10,000 events) keeps
         # them out of the table: such a message is isolated and takes the reference lane.
         table.validate(full=True)
-        # Later stages walk documents recursively in Python: deeper messages are dead letters, decided
-        # by the reference lane, which counts each message's own depth.
-        if _type_depth(table.schema) > MAX_DOCUMENT_DEPTH:
-            raise ValueError(f"nested deeper than {MAX_DOCUMENT_DEPTH} levels")
         # Arrow reads NaN and Infinity, which are not JSON (the reference lane refuses them). A float
         # can only be non-finite through those literals; checking the float columns is cheaper than
         # searching the bytes.
@@ -487,8 +533,23 @@ def _all_null_rows(table: pa.Table) -> list[int]:
     return cast(list[int], pc.indices_nonzero(mask).to_pylist())
 
 
-MAX_ARROW_JSON_DEPTH = 1000
-"""Payloads nesting deeper than this take the reference lane (orjson refuses beyond 1024)."""
+def _arrow_safe_depth() -> int:
+    """How deep a payload may nest and still be given to Arrow's reader on this process's stacks.
+
+    The reader recurses on the C stack, measured at ~0.5 KB per level (a 1-MiB thread stack crashes
+    between 2,000 and 2,500 levels, the 8-MiB main thread between 16,000 and 50,000). Two KiB per level
+    is a fourfold margin; the stack is the soft ``RLIMIT_STACK``, which is also what glibc gives each
+    thread (2 MiB when it is unlimited), so 4,096 levels under the usual 8 MiB, never fewer than 1,000.
+    """
+    soft, _ = resource.getrlimit(resource.RLIMIT_STACK)
+    stack = 2 * 1024 * 1024 if soft == resource.RLIM_INFINITY or soft <= 0 else soft
+    return max(1000, min(stack // 2048, 4096))
+
+
+ARROW_SAFE_DEPTH = _arrow_safe_depth()
+"""Payloads nesting deeper than this never reach Arrow: the reference lane decides (orjson refuses beyond
+1024 levels, and anything deeper than :data:`MAX_DOCUMENT_DEPTH` is a dead letter either way). Only a
+payload longer than this many bytes can nest that deep, so shorter ones are not scanned at all."""
 _JSON_SIGNIFICANT = re.compile(rb'[\[\]{}"\\]')
 _SCAN_BUDGET = 200_000
 
@@ -525,6 +586,19 @@ def _nests_deeper(payload: bytes, limit: int) -> bool:
         elif char in b"]}":
             depth = max(depth - 1, 0)
     return False
+
+
+_REFUSALS = (pa.ArrowInvalid, ValueError, UnicodeDecodeError)
+"""What a read that Arrow (or a check of :meth:`JsonDeserializer._parse`) refuses raises."""
+PARALLEL_READS = 2
+"""Parts a large batch is cut into, read at once on as many reader threads (shared by every table)."""
+PARALLEL_READ_MIN_BYTES = 1024 * 1024
+"""Batches smaller than this are read in one call: the threads' hand-off would cost more than it saves."""
+
+
+@cache
+def _readers() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=PARALLEL_READS, thread_name_prefix="k2d-json")
 
 
 _ROW_HINT = re.compile(r" in row (\d+)$")

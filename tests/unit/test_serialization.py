@@ -8,6 +8,7 @@ import decimal
 import gzip
 import json
 import os
+import resource
 import tempfile
 import uuid
 from collections.abc import Iterator, Sequence
@@ -110,6 +111,58 @@ def test_json_good_messages_are_one_table() -> None:
         },
         1: {"id": "b", "amount": 3.0, "count": None, "ts": None, "user": None, "extra": None},
     }
+
+
+def test_a_large_json_batch_is_read_in_parallel_parts_as_one_read_would() -> None:
+    # 1,500 events of ~1 KB: over PARALLEL_READ_MIN_BYTES, so two parts read at once on the reader threads.
+    payloads = [
+        json.dumps({"id": f"e{i}", "amount": i / 4, "count": i, "note": "n" * 1000}).encode() for i in range(1500)
+    ]
+    deserializer = json_deserializer()
+    decoded = decode_all(deserializer, payloads)
+    check_partition(decoded, 1500)
+    assert deserializer.reads == json_format.PARALLEL_READS == 2
+    assert decoded.fast == list(range(1500))
+    one = json_deserializer()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(json_format, "PARALLEL_READ_MIN_BYTES", 1 << 40)
+        whole = decode_all(one, payloads)
+    assert one.reads == 1
+    assert decoded.table.schema == whole.table.schema
+    assert decoded.table.to_pylist() == whole.table.to_pylist()
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "reads"),
+    [
+        # The parts infer int64 and double for the unknown "x": one read of all gives double everywhere.
+        (b'{"id":"a","x":1}', b'{"id":"b","x":1.5}', 3),
+        # Parts that read alone but conflict (string, number): one read fails as a whole, then bisection.
+        (b'{"id":"a","x":"s"}', b'{"id":"b","x":2}', 5),
+    ],
+)
+def test_parts_whose_types_differ_are_read_again_as_one(
+    monkeypatch: pytest.MonkeyPatch, first: bytes, second: bytes, reads: int
+) -> None:
+    monkeypatch.setattr(json_format, "PARALLEL_READ_MIN_BYTES", 0)
+    parted = json_deserializer()
+    decoded = decode_all(parted, [first, second])
+    assert parted.reads == reads
+    monkeypatch.setattr(json_format, "PARALLEL_READ_MIN_BYTES", 1 << 40)
+    whole = decode_all(json_deserializer(), [first, second])
+    assert (decoded.fast, decoded.documents, rows(decoded)) == (whole.fast, whole.documents, rows(whole))
+    assert decoded.table.schema == whole.table.schema
+
+
+def test_a_part_that_fails_is_bisected_and_the_other_part_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(json_format, "PARALLEL_READ_MIN_BYTES", 0)
+    payloads = [b'{"id":"a"}', b'{"id":"b"}', b'{"id":"c"}', b"{not json", b'{"id":"e"}', b'{"id":"f"}']
+    deserializer = json_deserializer()
+    decoded = decode_all(deserializer, payloads)
+    assert decoded.fast == [0, 1, 2, 4, 5]
+    assert reasons(decoded)[3].startswith("invalid JSON")
+    # Two parts, then the failed part's error names its row: that message alone, then the rest of the part.
+    assert deserializer.reads == 4
 
 
 def test_json_positions_subset() -> None:
@@ -1090,22 +1143,39 @@ message Tagged { string name = 1 [(confluent.field_meta).doc = "the name"]; }
     assert rows(decoded) == {0: {"name": "abc"}}
 
 
-def test_json_deep_nesting_never_reaches_arrow() -> None:
-    # Arrow's JSON parser recurses on the C stack: ~10,000 levels crash the process.
+@pytest.mark.parametrize("parallel", [False, True])
+def test_json_deep_nesting_never_reaches_arrow(monkeypatch: pytest.MonkeyPatch, parallel: bool) -> None:
+    # Arrow's JSON parser recurses on the C stack: ~20,000 levels crash the process (fewer on a thread).
+    monkeypatch.setattr(json_format, "PARALLEL_READ_MIN_BYTES", 0 if parallel else 1 << 40)
     deep = b'{"x":' + b"[" * 50_000 + b"]" * 50_000 + b"}"
     unclosed = b'{"x":' + b"[" * 50_000
-    medium = b'{"x":' + b"[" * 1_010 + b"]" * 1_010 + b"}"  # deeper than Arrow gets, within orjson's 1024
+    medium = b'{"x":' + b"[" * 1_010 + b"]" * 1_010 + b"}"  # within orjson's 1024: Arrow reads it, too deep
+    safe = json_format.ARROW_SAFE_DEPTH
+    at_limit = b'{"x":' + b"[" * (safe - 1) + b"]" * (safe - 1) + b"}"  # as deep as Arrow is given, on any thread
     in_string = b'{"x":"' + b"[" * 5_000 + b'"}'  # brackets in a string do not nest
     shallow = b'{"y":' + b"[" * 62 + b"1" + b"]" * 62 + b"}"  # 63 levels: the limit is 64
     too_deep = b'{"y":' + b"[" * 64 + b"1" + b"]" * 64 + b"}"  # Arrow reads it, the later stages would not cope
     deserializer = json_deserializer()
-    decoded = decode_all(deserializer, [GOOD[0], deep, unclosed, medium, in_string, shallow, too_deep])
-    check_partition(decoded, 7)
+    decoded = decode_all(deserializer, [GOOD[0], deep, unclosed, medium, in_string, shallow, too_deep, at_limit])
+    check_partition(decoded, 8)
     assert decoded.fast == [0, 4, 5]
     assert reasons(decoded)[1].startswith("invalid JSON: depth limit exceeded")
     assert reasons(decoded)[2].startswith("invalid JSON")
     assert reasons(decoded)[3] == reasons(decoded)[6] == "the JSON value is nested deeper than 64 levels"
+    assert reasons(decoded)[7].startswith("invalid JSON: depth limit exceeded")  # orjson's 1024
     assert decoded.documents == {}
+
+
+@pytest.mark.parametrize(
+    ("stack", "depth"),
+    [(8 * 1024 * 1024, 4096), (64 * 1024 * 1024, 4096), (1024 * 1024, 1000), (-1, 1024)],
+)
+def test_arrow_is_given_a_quarter_of_the_depth_the_stack_holds(
+    monkeypatch: pytest.MonkeyPatch, stack: int, depth: int
+) -> None:
+    # ~0.5 KB of C stack per level, measured; glibc gives threads 2 MiB when the limit is unlimited (-1).
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (stack, -1))
+    assert json_format._arrow_safe_depth() == depth
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,7 @@ import os
 import uuid
 from functools import cache
 from typing import Any
+from unittest import mock
 
 import pyarrow as pa
 import pytest
@@ -22,6 +23,7 @@ from kafka2delta.config import FormatConfig
 from kafka2delta.errors import MessageError
 from kafka2delta.registry import RegisteredSchema, SchemaReference
 from kafka2delta.serialization import Decoded, Deserializer, JsonDeserializer, build_deserializer
+from kafka2delta.serialization import json as json_format
 from tests.support.protobuf import compile_with_protoc
 from tests.support.serialization import (
     COMMON_PROTO,
@@ -254,6 +256,21 @@ def test_random_json(payloads: list[bytes]) -> None:
     check_partition(decoded, len(payloads))
     plain = deserializers()["json"].decode(messages(payloads), range(len(payloads)))
     assert [position for position, _ in decoded.failures] == [position for position, _ in plain.failures]
+
+
+@SETTINGS
+@given(st.lists(st.one_of(json_objects, json_values).flatmap(_encodings), min_size=2, max_size=8))
+def test_parallel_reads_give_what_one_read_gives(payloads: list[bytes]) -> None:
+    # Cutting a batch into parts read at once must change nothing: same rows, same inferred types, same lanes.
+    deserializer = deserializers()["json"]
+    batch = messages(payloads)
+    whole = deserializer.decode(batch, range(len(payloads)))
+    with mock.patch.object(json_format, "PARALLEL_READ_MIN_BYTES", 0):
+        parted = deserializer.decode(batch, range(len(payloads)))
+    check_partition(parted, len(payloads))
+    assert [outcome(parted, p) for p in range(len(payloads))] == [outcome(whole, p) for p in range(len(payloads))]
+    assert parted.table.schema == whole.table.schema
+    assert parted.table.to_pylist() == whole.table.to_pylist()
 
 
 @SETTINGS
