@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import resource
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import cache
@@ -304,10 +303,10 @@ class JsonDeserializer(BaseDeserializer):
     def _read(self, payloads: list[bytes], positions: Sequence[int]) -> Decoded:
         indices = list(range(len(payloads)))
         deep: list[int] = []
-        if payloads and max(map(len, payloads)) > ARROW_SAFE_DEPTH:
+        if payloads and max(map(len, payloads)) > MAX_ARROW_JSON_DEPTH:
             # Arrow's parser recurses on the C stack, and deep enough nesting crashes the process. Only
-            # a payload longer than the safe depth can nest deeper; those that do never reach Arrow.
-            deep = [i for i in indices if _nests_deeper(payloads[i], ARROW_SAFE_DEPTH)]
+            # a payload longer than the limit can nest deeper; those that do never reach Arrow.
+            deep = [i for i in indices if _nests_deeper(payloads[i], MAX_ARROW_JSON_DEPTH)]
             if deep:
                 skipped = set(deep)
                 indices = [i for i in indices if i not in skipped]
@@ -533,23 +532,12 @@ def _all_null_rows(table: pa.Table) -> list[int]:
     return cast(list[int], pc.indices_nonzero(mask).to_pylist())
 
 
-def _arrow_safe_depth() -> int:
-    """How deep a payload may nest and still be given to Arrow's reader on this process's stacks.
-
-    The reader recurses on the C stack, measured at ~0.5 KB per level (a 1-MiB thread stack crashes
-    between 2,000 and 2,500 levels, the 8-MiB main thread between 16,000 and 50,000). Two KiB per level
-    is a fourfold margin; the stack is the soft ``RLIMIT_STACK``, which is also what glibc gives each
-    thread (2 MiB when it is unlimited), so 4,096 levels under the usual 8 MiB, never fewer than 1,000.
-    """
-    soft, _ = resource.getrlimit(resource.RLIMIT_STACK)
-    stack = 2 * 1024 * 1024 if soft == resource.RLIM_INFINITY or soft <= 0 else soft
-    return max(1000, min(stack // 2048, 4096))
-
-
-ARROW_SAFE_DEPTH = _arrow_safe_depth()
+MAX_ARROW_JSON_DEPTH = 1000
 """Payloads nesting deeper than this never reach Arrow: the reference lane decides (orjson refuses beyond
-1024 levels, and anything deeper than :data:`MAX_DOCUMENT_DEPTH` is a dead letter either way). Only a
-payload longer than this many bytes can nest that deep, so shorter ones are not scanned at all."""
+1024 levels, and anything deeper than :data:`MAX_DOCUMENT_DEPTH` is a dead letter either way). Arrow's reader
+recurses on the C stack (~0.5 KB per level, measured: a 1-MiB thread stack overflows between 2,000 and 2,500
+levels) and its time grows with the square of the depth (70 ms for one payload 1,000 levels deep, 2.3 s at
+4,000), so the bound guards both the process and the loop's pace."""
 _JSON_SIGNIFICANT = re.compile(rb'[\[\]{}"\\]')
 _SCAN_BUDGET = 200_000
 
@@ -560,7 +548,12 @@ def _nests_deeper(payload: bytes, limit: int) -> bool:
     Follows what a parser descends into: brackets inside strings do not count, and nothing after
     an unterminated string does either (a parser stops there). Linear in the payload's length.
     """
-    if len(payload) <= limit or payload.count(b"[") + payload.count(b"{") <= limit:
+    if len(payload) <= limit:
+        return False
+    # An array level takes one byte, an object level at least four (`{"":` before its value): one count
+    # settles most payloads of a few KB without the scan below.
+    arrays = payload.count(b"[")
+    if arrays + (len(payload) - arrays) // 4 <= limit:
         return False
     depth = 0
     in_string = False

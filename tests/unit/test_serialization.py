@@ -8,7 +8,6 @@ import decimal
 import gzip
 import json
 import os
-import resource
 import tempfile
 import uuid
 from collections.abc import Iterator, Sequence
@@ -1146,36 +1145,34 @@ message Tagged { string name = 1 [(confluent.field_meta).doc = "the name"]; }
 @pytest.mark.parametrize("parallel", [False, True])
 def test_json_deep_nesting_never_reaches_arrow(monkeypatch: pytest.MonkeyPatch, parallel: bool) -> None:
     # Arrow's JSON parser recurses on the C stack: ~20,000 levels crash the process (fewer on a thread).
+    # The parts of a parallel read are parsed on reader threads, whose stacks may be smaller.
     monkeypatch.setattr(json_format, "PARALLEL_READ_MIN_BYTES", 0 if parallel else 1 << 40)
     deep = b'{"x":' + b"[" * 50_000 + b"]" * 50_000 + b"}"
     unclosed = b'{"x":' + b"[" * 50_000
-    medium = b'{"x":' + b"[" * 1_010 + b"]" * 1_010 + b"}"  # within orjson's 1024: Arrow reads it, too deep
-    safe = json_format.ARROW_SAFE_DEPTH
-    at_limit = b'{"x":' + b"[" * (safe - 1) + b"]" * (safe - 1) + b"}"  # as deep as Arrow is given, on any thread
+    medium = b'{"x":' + b"[" * 1_010 + b"]" * 1_010 + b"}"  # deeper than Arrow gets, within orjson's 1024
+    at_limit = b'{"x":' + b"[" * 999 + b"]" * 999 + b"}"  # as deep as Arrow is given: its depth check refuses it
+    objects = b'{"a":' * 1_001 + b"1" + b"}" * 1_001  # 1,001 object levels: 5 KB, screened too
     in_string = b'{"x":"' + b"[" * 5_000 + b'"}'  # brackets in a string do not nest
     shallow = b'{"y":' + b"[" * 62 + b"1" + b"]" * 62 + b"}"  # 63 levels: the limit is 64
     too_deep = b'{"y":' + b"[" * 64 + b"1" + b"]" * 64 + b"}"  # Arrow reads it, the later stages would not cope
-    deserializer = json_deserializer()
-    decoded = decode_all(deserializer, [GOOD[0], deep, unclosed, medium, in_string, shallow, too_deep, at_limit])
-    check_partition(decoded, 8)
+    given: list[bytes] = []  # every payload handed to Arrow's reader
+    parse = json_format.JsonDeserializer._parse
+
+    def recorded(self: json_format.JsonDeserializer, chunk: list[bytes]) -> pa.Table:
+        given.extend(chunk)
+        return parse(self, chunk)
+
+    monkeypatch.setattr(json_format.JsonDeserializer, "_parse", recorded)
+    payloads = [GOOD[0], deep, unclosed, medium, in_string, shallow, too_deep, at_limit, objects]
+    decoded = decode_all(json_deserializer(), payloads)
+    check_partition(decoded, 9)
     assert decoded.fast == [0, 4, 5]
     assert reasons(decoded)[1].startswith("invalid JSON: depth limit exceeded")
     assert reasons(decoded)[2].startswith("invalid JSON")
-    assert reasons(decoded)[3] == reasons(decoded)[6] == "the JSON value is nested deeper than 64 levels"
-    assert reasons(decoded)[7].startswith("invalid JSON: depth limit exceeded")  # orjson's 1024
+    too_deep_reason = "the JSON value is nested deeper than 64 levels"
+    assert reasons(decoded)[3] == reasons(decoded)[6] == reasons(decoded)[7] == reasons(decoded)[8] == too_deep_reason
     assert decoded.documents == {}
-
-
-@pytest.mark.parametrize(
-    ("stack", "depth"),
-    [(8 * 1024 * 1024, 4096), (64 * 1024 * 1024, 4096), (1024 * 1024, 1000), (-1, 1024)],
-)
-def test_arrow_is_given_a_quarter_of_the_depth_the_stack_holds(
-    monkeypatch: pytest.MonkeyPatch, stack: int, depth: int
-) -> None:
-    # ~0.5 KB of C stack per level, measured; glibc gives threads 2 MiB when the limit is unlimited (-1).
-    monkeypatch.setattr(resource, "getrlimit", lambda _: (stack, -1))
-    assert json_format._arrow_safe_depth() == depth
+    assert at_limit in given and not set(given) & {deep, unclosed, medium, objects}
 
 
 @pytest.mark.parametrize(
@@ -1189,6 +1186,9 @@ def test_arrow_is_given_a_quarter_of_the_depth_the_stack_holds(
         (b'["\\"' + b"[" * 2_000 + b'"', False),  # an escaped quote does not
         (b'{"a":' * 1_500 + b"1" + b"}" * 1_500, True),
         (b'"\\"' * 200_000 + b"[" * 1_001, True),  # too long to scan: on the safe side
+        (b'{"":' * 900 + b"1" + b"}" * 900, False),  # 900 object levels in 4.5 KB: settled by one count
+        (b"[" * 900 + b'{"":' * 101 + b"1" + b"}" * 101 + b"]" * 900, True),  # 1,001 levels, mixed
+        (b"[" * 900 + b'{"":' * 100 + b"1" + b"}" * 100 + b"]" * 900, False),
     ],
 )
 def test_nesting_bound(payload: bytes, deeper: bool) -> None:
