@@ -451,7 +451,8 @@ class JsonDeserializer(BaseDeserializer):
         again as one, so a value never depends on where the batch was cut. A part that fails is
         bisected as the halves of a failed read are; the parts read join the pieces.
         """
-        if len(indices) < PARALLEL_READS or sum(len(payloads[i]) for i in indices) < PARALLEL_READ_MIN_BYTES:
+        size = sum(map(len, map(payloads.__getitem__, indices)))
+        if len(indices) < PARALLEL_READS or size < PARALLEL_READ_MIN_BYTES:
             return [], [(indices, None)]
         step = -(-len(indices) // PARALLEL_READS)
         parts = [indices[start : start + step] for start in range(0, len(indices), step)]
