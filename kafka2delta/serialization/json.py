@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import resource
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import cache
@@ -193,10 +194,11 @@ class JsonDeserializer(BaseDeserializer):
 
     Fast lane: the payloads joined with newlines, read by ``pyarrow.json.read_json`` in one call
     with the read schema (known columns) and ``unexpected_field_behavior="infer"`` (unknown fields
-    come back with inferred types). The read is one block on one thread: with several blocks Arrow
-    reconciles a field inferred as a number in one block and a string in another by reading both as
-    strings, which would make a message's value depend on its neighbours; in one block it is an
-    error, resolved below.
+    come back with inferred types). The read is one block: with several blocks Arrow reconciles a
+    field inferred as a number in one block and a string in another by reading both as strings, which
+    would make a message's value depend on its neighbours; in one block it is an error, resolved below.
+    A large batch is read as two parts on two threads, kept only when that is exactly what one read
+    gives (:meth:`_first_reads`).
 
     When a read fails, the batch is bisected (``k`` bad messages cost about ``k·log2(n)`` reads;
     see :meth:`_isolate` for two shortcuts). A message that fails *alone* goes to the reference
@@ -356,26 +358,24 @@ class JsonDeserializer(BaseDeserializer):
            message: 10,000 epoch-number timestamps then cost a few reads and one orjson parse each
            instead of ~20,000 reads.
 
-        Either way a message is in the table exactly when Arrow reads it alone (and its piece
-        concatenates), so the outcome does not depend on the neighbours or on these shortcuts.
+        Either way a message lands where plain bisection would put it, and a message Arrow refuses
+        alone never reaches the table.
         """
-        good, failed = self._first_reads(payloads, indices)
+        good = self._first_read(payloads, indices)
         alone: list[int] = []
         refused: dict[int, dict[str, Any]] = {}
-        # (chunk, screened, the error of its read when it was read already); popped from the end.
-        pending: list[tuple[list[int], bool, Exception | None]] = [(chunk, False, e) for chunk, e in failed[::-1]]
+        pending: list[tuple[list[int], bool]] = [] if good else [(indices, False)]
         found = 0
         hints = _SCREEN_AFTER  # a wrong hint costs a read: a few per batch at most
         while pending:
-            chunk, screened, error = pending.pop()
+            chunk, screened = pending.pop()
             if not chunk:
                 continue
-            if error is None:
-                try:
-                    good.append((chunk, self._read_chunk([payloads[i] for i in chunk])))
-                    continue
-                except _REFUSALS as exc:
-                    error = exc
+            try:
+                good.append((chunk, self._read_chunk([payloads[i] for i in chunk])))
+                continue
+            except _REFUSALS as exc:
+                error = exc
             if len(chunk) == 1:
                 alone.append(chunk[0])
                 found += 1
@@ -391,20 +391,20 @@ class JsonDeserializer(BaseDeserializer):
                 if document is not None:
                     refused[suspect] = document
                     found += 1
-                    pending.append((chunk[:row] + chunk[row + 1 :], screened, None))
+                    pending.append((chunk[:row] + chunk[row + 1 :], screened))
                     continue
                 try:
                     piece = self._read_chunk([payloads[suspect]])
                 except _REFUSALS:
                     alone.append(suspect)
                     found += 1
-                    pending.append((chunk[:row] + chunk[row + 1 :], screened, None))
+                    pending.append((chunk[:row] + chunk[row + 1 :], screened))
                     continue
                 # A wrong hint (the row was not the culprit alone): keep the piece, bisect the rest.
                 good.append(([suspect], piece))
                 chunk = chunk[:row] + chunk[row + 1 :]
                 if len(chunk) == 1:
-                    pending.append((chunk, screened, None))
+                    pending.append((chunk, screened))
                     continue
             if found >= _SCREEN_AFTER and not screened:
                 # Many failures: set aside every certain mismatch of the chunk at once.
@@ -416,12 +416,12 @@ class JsonDeserializer(BaseDeserializer):
                     else:
                         refused[index] = document
                         found += 1
-                pending.append((rest, True, None))
+                pending.append((rest, True))
                 continue
             middle = len(chunk) // 2
             # Push the second half first so the first half is handled first: order is kept.
-            pending.append((chunk[middle:], screened, None))
-            pending.append((chunk[:middle], screened, None))
+            pending.append((chunk[middle:], screened))
+            pending.append((chunk[:middle], screened))
         good.sort(key=lambda piece: piece[0][0])
         alone.sort()
         return good, alone, refused
@@ -439,41 +439,37 @@ class JsonDeserializer(BaseDeserializer):
                 return document
         return None
 
-    def _first_reads(
-        self, payloads: list[bytes], indices: list[int]
-    ) -> tuple[list[tuple[list[int], pa.Table]], list[tuple[list[int], Exception | None]]]:
-        """The batch's first read: (the pieces read, the chunks still to read or bisect, with their error).
+    def _first_read(self, payloads: list[bytes], indices: list[int]) -> list[tuple[list[int], pa.Table]]:
+        """The whole batch as one piece, read as parts in parallel, or nothing (read it as one).
 
         A batch of at least :data:`PARALLEL_READ_MIN_BYTES` is read as :data:`PARALLEL_READS` contiguous
-        parts at once (Arrow parses without the GIL). When every part reads and their tables concatenate
-        with no promotion but filling absent or all-null columns, that is the table one read gives; when
-        their inferred types differ (``int64`` in one part, ``double`` in the other …) the batch is read
-        again as one, so a value never depends on where the batch was cut. A part that fails is
-        bisected as the halves of a failed read are; the parts read join the pieces.
+        parts at once (Arrow parses without the GIL). Their tables stand for the batch only when every
+        part reads and they concatenate with no promotion but absent or all-null columns (struct fields
+        included): that is the table one read gives. Otherwise (a part fails, or the parts infer
+        different types: ``int64`` in one, ``double`` in the other) the batch is read as one and
+        bisected as ever, so neither a value nor a lane depends on where the batch was cut.
         """
         size = sum(map(len, map(payloads.__getitem__, indices)))
-        if len(indices) < PARALLEL_READS or size < PARALLEL_READ_MIN_BYTES:
-            return [], [(indices, None)]
+        if len(indices) < PARALLEL_READS or size < PARALLEL_READ_MIN_BYTES or not _parallel_reads_fit():
+            return []
         step = -(-len(indices) // PARALLEL_READS)
         parts = [indices[start : start + step] for start in range(0, len(indices), step)]
         self.reads += len(parts)
         futures = [_readers().submit(self._try_parse, [payloads[i] for i in part]) for part in parts]
-        results = [future.result() for future in futures]
-        read = [(part, table) for part, table in zip(parts, results, strict=True) if isinstance(table, pa.Table)]
-        if len(read) < len(parts):
-            failed = [(part, e) for part, e in zip(parts, results, strict=True) if not isinstance(e, pa.Table)]
-            return read, failed
+        tables = [table for table in (future.result() for future in futures) if table is not None]
+        if len(tables) < len(parts):
+            return []
         try:
-            return [(indices, pa.concat_tables([table for _, table in read], promote_options="default"))], []
+            return [(indices, pa.concat_tables(tables, promote_options="default"))]
         except (pa.ArrowInvalid, pa.ArrowTypeError):
-            return [], [(indices, None)]
+            return []
 
-    def _try_parse(self, chunk: list[bytes]) -> pa.Table | Exception:
-        """:meth:`_parse`, its refusal returned rather than raised (it runs on a reader thread)."""
+    def _try_parse(self, chunk: list[bytes]) -> pa.Table | None:
+        """:meth:`_parse`, None when it refuses the chunk (it runs on a reader thread)."""
         try:
             return self._parse(chunk)
-        except _REFUSALS as exc:
-            return exc
+        except _REFUSALS:
+            return None
 
     def _read_chunk(self, chunk: list[bytes]) -> pa.Table:
         self.reads += 1
@@ -483,6 +479,10 @@ class JsonDeserializer(BaseDeserializer):
         """The table of ``chunk``, one row per payload, or an error among :data:`_REFUSALS`; thread-safe."""
         # The first value is an empty object: pyarrow 26's JSON reader crashes the process (SIGSEGV)
         # when the first value of its input is ``null``, and a lone ``null`` payload must not do that.
+        if b"" in chunk or any(map(bytes.isspace, chunk)):
+            # A payload holding no JSON value lets a payload holding two pass the row count below, each
+            # row then shifted onto the wrong message; alone, it is refused (a dead letter).
+            raise ValueError("a payload holds no JSON value")
         data = b"\n".join([b"{}", *chunk])
         if not data.isascii():
             # Arrow's reader copies string bytes without checking them; invalid UTF-8 must not reach
@@ -498,7 +498,7 @@ class JsonDeserializer(BaseDeserializer):
         )
         if table.num_rows != len(chunk) + 1:
             raise _RowCountMismatch(f"payloads held {table.num_rows - 1} JSON values for {len(chunk)} messages")
-        table = table.slice(1)
+        table = table.slice(1, len(chunk))  # the length too: pyarrow 26 keeps every row of a column-less table
         # Later stages walk documents recursively in Python: deeper messages are dead letters, decided
         # by the reference lane, which counts each message's own depth. Checked before the validation,
         # which recurses on the C stack about twice as deep per level as the parser.
@@ -593,6 +593,15 @@ PARALLEL_READ_MIN_BYTES = 1024 * 1024
 @cache
 def _readers() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=PARALLEL_READS, thread_name_prefix="k2d-json")
+
+
+@cache
+def _parallel_reads_fit() -> bool:
+    """Whether reader threads have the stack for :data:`MAX_ARROW_JSON_DEPTH` levels with room to spare:
+    glibc gives a thread the soft ``RLIMIT_STACK`` (8 MiB as usual; 2 MiB or more when unlimited), and a
+    limit under 2 MiB keeps every read on the calling thread, as before the parts existed."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_STACK)
+    return bool(soft == resource.RLIM_INFINITY or soft >= 2 * 1024 * 1024)
 
 
 _ROW_HINT = re.compile(r" in row (\d+)$")

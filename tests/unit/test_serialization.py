@@ -153,15 +153,66 @@ def test_parts_whose_types_differ_are_read_again_as_one(
     assert decoded.table.schema == whole.table.schema
 
 
-def test_a_part_that_fails_is_bisected_and_the_other_part_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_part_that_fails_sends_the_batch_to_one_read(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(json_format, "PARALLEL_READ_MIN_BYTES", 0)
     payloads = [b'{"id":"a"}', b'{"id":"b"}', b'{"id":"c"}', b"{not json", b'{"id":"e"}', b'{"id":"f"}']
     deserializer = json_deserializer()
     decoded = decode_all(deserializer, payloads)
     assert decoded.fast == [0, 1, 2, 4, 5]
     assert reasons(decoded)[3].startswith("invalid JSON")
-    # Two parts, then the failed part's error names its row: that message alone, then the rest of the part.
-    assert deserializer.reads == 4
+    # Two parts, the whole batch, then its error names a row: that message alone, then the rest.
+    assert deserializer.reads == 5
+
+
+def parted_and_whole(
+    monkeypatch: pytest.MonkeyPatch, payloads: list[bytes], read_schema: pa.Schema = READ_SCHEMA
+) -> tuple[Decoded, Decoded]:
+    """The batch decoded as parts read at once, and as one read."""
+    found = []
+    for minimum in (0, 1 << 40):
+        monkeypatch.setattr(json_format, "PARALLEL_READ_MIN_BYTES", minimum)
+        deserializer = json_deserializer()
+        deserializer.set_read_schema(read_schema)
+        found.append(decode_all(deserializer, payloads))
+    return found[0], found[1]
+
+
+@pytest.mark.parametrize(
+    "payloads",
+    [
+        # Each half reads on its own, but one read of the survivors infers other types (review of the parts).
+        [b"not json", b'{"x":1,"p":"a"}', b'{"x":"s","p":"b"}', b'{"x":"t"}'],
+        [b"not json", b'{"t":"2020-01-01T00:00:00"}', b'{"t":"abc"}', b'{"t":"def"}'],
+        [b"not json", b'{"s":{"a":1}}', b'{"s":{"a":[1]}}', b'{"q":1}'],
+        # [null, null] fails validation alone, not beside a list of numbers.
+        [b'{"l":[1],"p":"a"}', b'{"l":[2],"p":"b"}', b'{"l":[null,null]}', b'{"z":1}'],
+    ],
+)
+def test_parts_never_change_a_lane_or_a_type(monkeypatch: pytest.MonkeyPatch, payloads: list[bytes]) -> None:
+    parted, whole = parted_and_whole(monkeypatch, payloads)
+    assert (parted.fast, parted.documents, reasons(parted)) == (whole.fast, whole.documents, reasons(whole))
+    assert parted.table.schema == whole.table.schema
+    assert rows(parted) == rows(whole)
+
+
+def test_empty_objects_without_a_read_schema(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A route with no schema yet reads with an empty schema: a column-less table must keep one row per payload.
+    parted, whole = parted_and_whole(monkeypatch, [b'{"p":"a","q":"b"}', b"{}", b"{}", b"not json"], pa.schema([]))
+    for decoded in (parted, whole):
+        assert decoded.fast == [0, 1, 2]
+        assert rows(decoded) == {0: {"p": "a", "q": "b"}, 1: {"p": None, "q": None}, 2: {"p": None, "q": None}}
+        assert reasons(decoded)[3].startswith("invalid JSON")
+
+
+@pytest.mark.parametrize("empty", [b"", b" ", b"\n\t"])
+def test_a_payload_of_two_objects_never_lends_one_to_an_empty_payload(
+    monkeypatch: pytest.MonkeyPatch, empty: bytes
+) -> None:
+    for decoded in parted_and_whole(monkeypatch, [b'{"id":"a"}', b'{"id":"b"}{"id":"c"}', empty]):
+        assert decoded.fast == [0]
+        assert rows(decoded)[0]["id"] == "a"
+        assert reasons(decoded)[1].startswith("invalid JSON")
+        assert reasons(decoded)[2] == "payload holds no JSON value"
 
 
 def test_json_positions_subset() -> None:
