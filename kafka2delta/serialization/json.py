@@ -198,7 +198,7 @@ class JsonDeserializer(BaseDeserializer):
     field inferred as a number in one block and a string in another by reading both as strings, which
     would make a message's value depend on its neighbours; in one block it is an error, resolved below.
     A large batch is read as two parts on two threads, kept only when that is exactly what one read
-    gives (:meth:`_first_reads`).
+    gives (:meth:`_first_read`).
 
     When a read fails, the batch is bisected (``k`` bad messages cost about ``k·log2(n)`` reads;
     see :meth:`_isolate` for two shortcuts). A message that fails *alone* goes to the reference
@@ -442,15 +442,18 @@ class JsonDeserializer(BaseDeserializer):
     def _first_read(self, payloads: list[bytes], indices: list[int]) -> list[tuple[list[int], pa.Table]]:
         """The whole batch as one piece, read as parts in parallel, or nothing (read it as one).
 
-        A batch of at least :data:`PARALLEL_READ_MIN_BYTES` is read as :data:`PARALLEL_READS` contiguous
-        parts at once (Arrow parses without the GIL). Their tables stand for the batch only when every
+        A batch of at least :data:`PARALLEL_READ_MIN_BYTES`, of payloads of
+        :data:`PARALLEL_READ_MIN_AVERAGE_BYTES` or more on average, is read as :data:`PARALLEL_READS`
+        contiguous parts at once (Arrow parses without the GIL). Their tables stand for the batch only when every
         part reads and they concatenate with no promotion but absent or all-null columns (struct fields
         included): that is the table one read gives. Otherwise (a part fails, or the parts infer
         different types: ``int64`` in one, ``double`` in the other) the batch is read as one and
         bisected as ever, so neither a value nor a lane depends on where the batch was cut.
         """
         size = sum(map(len, map(payloads.__getitem__, indices)))
-        if len(indices) < PARALLEL_READS or size < PARALLEL_READ_MIN_BYTES or not _parallel_reads_fit():
+        if size < max(PARALLEL_READ_MIN_BYTES, PARALLEL_READ_MIN_AVERAGE_BYTES * len(indices)):
+            return []
+        if len(indices) < PARALLEL_READS or not _parallel_reads_fit():
             return []
         step = -(-len(indices) // PARALLEL_READS)
         parts = [indices[start : start + step] for start in range(0, len(indices), step)]
@@ -477,12 +480,12 @@ class JsonDeserializer(BaseDeserializer):
 
     def _parse(self, chunk: list[bytes]) -> pa.Table:
         """The table of ``chunk``, one row per payload, or an error among :data:`_REFUSALS`; thread-safe."""
-        # The first value is an empty object: pyarrow 26's JSON reader crashes the process (SIGSEGV)
-        # when the first value of its input is ``null``, and a lone ``null`` payload must not do that.
         if b"" in chunk or any(map(bytes.isspace, chunk)):
             # A payload holding no JSON value lets a payload holding two pass the row count below, each
             # row then shifted onto the wrong message; alone, it is refused (a dead letter).
             raise ValueError("a payload holds no JSON value")
+        # The first value is an empty object: pyarrow 26's JSON reader crashes the process (SIGSEGV)
+        # when the first value of its input is ``null``, and a lone ``null`` payload must not do that.
         data = b"\n".join([b"{}", *chunk])
         if not data.isascii():
             # Arrow's reader copies string bytes without checking them; invalid UTF-8 must not reach
@@ -588,6 +591,11 @@ PARALLEL_READS = 2
 """Parts a large batch is cut into, read at once on as many reader threads (shared by every table)."""
 PARALLEL_READ_MIN_BYTES = 1024 * 1024
 """Batches smaller than this are read in one call: the threads' hand-off would cost more than it saves."""
+PARALLEL_READ_MIN_AVERAGE_BYTES = 1024
+"""Batches of smaller payloads (on average) are read in one call. In process, with the daemon's allocators, parts
+cost no CPU and save 42% of the read's time for 2-KB events, 30% for 250-B ones; in the daemon's catch-up on
+2 cores, which the broker shares, 2-KB events gained 30-40% throughput at the same CPU per message, while
+250-B events gained nothing and cost 8-11% more CPU per message (three alternating runs each)."""
 
 
 @cache

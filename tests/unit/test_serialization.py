@@ -113,15 +113,15 @@ def test_json_good_messages_are_one_table() -> None:
 
 
 def test_a_large_json_batch_is_read_in_parallel_parts_as_one_read_would() -> None:
-    # 1,500 events of ~1 KB: over PARALLEL_READ_MIN_BYTES, so two parts read at once on the reader threads.
+    # 3,000 events of ~1.5 KB: over PARALLEL_READ_MIN_BYTES, so two parts read at once on the reader threads.
     payloads = [
-        json.dumps({"id": f"e{i}", "amount": i / 4, "count": i, "note": "n" * 1000}).encode() for i in range(1500)
+        json.dumps({"id": f"e{i}", "amount": i / 4, "count": i, "note": "n" * 1500}).encode() for i in range(3000)
     ]
     deserializer = json_deserializer()
     decoded = decode_all(deserializer, payloads)
-    check_partition(decoded, 1500)
+    check_partition(decoded, 3000)
     assert deserializer.reads == json_format.PARALLEL_READS == 2
-    assert decoded.fast == list(range(1500))
+    assert decoded.fast == list(range(3000))
     one = json_deserializer()
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(json_format, "PARALLEL_READ_MIN_BYTES", 1 << 40)
@@ -144,6 +144,7 @@ def test_parts_whose_types_differ_are_read_again_as_one(
     monkeypatch: pytest.MonkeyPatch, first: bytes, second: bytes, reads: int
 ) -> None:
     monkeypatch.setattr(json_format, "PARALLEL_READ_MIN_BYTES", 0)
+    monkeypatch.setattr(json_format, "PARALLEL_READ_MIN_AVERAGE_BYTES", 0)
     parted = json_deserializer()
     decoded = decode_all(parted, [first, second])
     assert parted.reads == reads
@@ -155,6 +156,7 @@ def test_parts_whose_types_differ_are_read_again_as_one(
 
 def test_a_part_that_fails_sends_the_batch_to_one_read(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(json_format, "PARALLEL_READ_MIN_BYTES", 0)
+    monkeypatch.setattr(json_format, "PARALLEL_READ_MIN_AVERAGE_BYTES", 0)
     payloads = [b'{"id":"a"}', b'{"id":"b"}', b'{"id":"c"}', b"{not json", b'{"id":"e"}', b'{"id":"f"}']
     deserializer = json_deserializer()
     decoded = decode_all(deserializer, payloads)
@@ -169,11 +171,15 @@ def parted_and_whole(
 ) -> tuple[Decoded, Decoded]:
     """The batch decoded as parts read at once, and as one read."""
     found = []
+    reads = []
+    monkeypatch.setattr(json_format, "PARALLEL_READ_MIN_AVERAGE_BYTES", 0)
     for minimum in (0, 1 << 40):
         monkeypatch.setattr(json_format, "PARALLEL_READ_MIN_BYTES", minimum)
         deserializer = json_deserializer()
         deserializer.set_read_schema(read_schema)
         found.append(decode_all(deserializer, payloads))
+        reads.append(deserializer.reads)
+    assert reads[0] > reads[1]  # the parts were read
     return found[0], found[1]
 
 
@@ -1198,6 +1204,7 @@ def test_json_deep_nesting_never_reaches_arrow(monkeypatch: pytest.MonkeyPatch, 
     # Arrow's JSON parser recurses on the C stack: ~20,000 levels crash the process (fewer on a thread).
     # The parts of a parallel read are parsed on reader threads, whose stacks may be smaller.
     monkeypatch.setattr(json_format, "PARALLEL_READ_MIN_BYTES", 0 if parallel else 1 << 40)
+    monkeypatch.setattr(json_format, "PARALLEL_READ_MIN_AVERAGE_BYTES", 0)
     deep = b'{"x":' + b"[" * 50_000 + b"]" * 50_000 + b"}"
     unclosed = b'{"x":' + b"[" * 50_000
     medium = b'{"x":' + b"[" * 1_010 + b"]" * 1_010 + b"}"  # deeper than Arrow gets, within orjson's 1024

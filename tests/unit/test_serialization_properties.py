@@ -265,7 +265,10 @@ def test_parallel_reads_give_what_one_read_gives(payloads: list[bytes]) -> None:
     deserializer = deserializers()["json"]
     batch = messages(payloads)
     whole = deserializer.decode(batch, range(len(payloads)))
-    with mock.patch.object(json_format, "PARALLEL_READ_MIN_BYTES", 0):
+    with (
+        mock.patch.object(json_format, "PARALLEL_READ_MIN_BYTES", 0),
+        mock.patch.object(json_format, "PARALLEL_READ_MIN_AVERAGE_BYTES", 0),
+    ):
         parted = deserializer.decode(batch, range(len(payloads)))
     check_partition(parted, len(payloads))
     assert [outcome(parted, p) for p in range(len(payloads))] == [outcome(whole, p) for p in range(len(payloads))]
