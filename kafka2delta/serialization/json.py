@@ -304,16 +304,20 @@ class JsonDeserializer(BaseDeserializer):
 
     def _read(self, payloads: list[bytes], positions: Sequence[int]) -> Decoded:
         indices = list(range(len(payloads)))
-        deep: list[int] = []
+        # Set aside for the reference lane what must never reach Arrow's reader beside other payloads.
+        aside: set[int] = set()
+        if b"" in payloads or any(map(bytes.isspace, payloads)):
+            # A payload holding no JSON value would let one holding two pass the row count of a read, each
+            # row after it then landing on the wrong message.
+            aside.update(i for i in indices if not payloads[i] or payloads[i].isspace())
         if payloads and max(map(len, payloads)) > MAX_ARROW_JSON_DEPTH:
             # Arrow's parser recurses on the C stack, and deep enough nesting crashes the process. Only
             # a payload longer than the limit can nest deeper; those that do never reach Arrow.
-            deep = [i for i in indices if _nests_deeper(payloads[i], MAX_ARROW_JSON_DEPTH)]
-            if deep:
-                skipped = set(deep)
-                indices = [i for i in indices if i not in skipped]
+            aside.update(i for i in indices if _nests_deeper(payloads[i], MAX_ARROW_JSON_DEPTH))
+        if aside:
+            indices = [i for i in indices if i not in aside]
         pieces, alone, refused = self._isolate(payloads, indices)
-        alone = sorted(alone + deep)
+        alone = sorted([*alone, *aside])
         documents: dict[int, dict[str, Any]] = {positions[index]: document for index, document in refused.items()}
         failures: list[tuple[int, MessageError]] = []
         for index in alone:
@@ -444,9 +448,9 @@ class JsonDeserializer(BaseDeserializer):
 
         A batch of at least :data:`PARALLEL_READ_MIN_BYTES`, of payloads of
         :data:`PARALLEL_READ_MIN_AVERAGE_BYTES` or more on average, is read as :data:`PARALLEL_READS`
-        contiguous parts at once (Arrow parses without the GIL). Their tables stand for the batch only when every
-        part reads and they concatenate with no promotion but absent or all-null columns (struct fields
-        included): that is the table one read gives. Otherwise (a part fails, or the parts infer
+        contiguous parts at once (Arrow parses without the GIL). Their tables stand for the batch only
+        when every part reads and they concatenate with no promotion but absent or all-null columns
+        (struct fields included): that is the table one read gives. Otherwise (a part fails, or the parts infer
         different types: ``int64`` in one, ``double`` in the other) the batch is read as one and
         bisected as ever, so neither a value nor a lane depends on where the batch was cut.
         """
@@ -479,11 +483,9 @@ class JsonDeserializer(BaseDeserializer):
         return self._parse(chunk)
 
     def _parse(self, chunk: list[bytes]) -> pa.Table:
-        """The table of ``chunk``, one row per payload, or an error among :data:`_REFUSALS`; thread-safe."""
-        if b"" in chunk or any(map(bytes.isspace, chunk)):
-            # A payload holding no JSON value lets a payload holding two pass the row count below, each
-            # row then shifted onto the wrong message; alone, it is refused (a dead letter).
-            raise ValueError("a payload holds no JSON value")
+        """The table of ``chunk``, one row per payload, or an error among :data:`_REFUSALS`; thread-safe.
+
+        A payload with no JSON value never comes here beside others (:meth:`_read` sets it aside)."""
         # The first value is an empty object: pyarrow 26's JSON reader crashes the process (SIGSEGV)
         # when the first value of its input is ``null``, and a lone ``null`` payload must not do that.
         data = b"\n".join([b"{}", *chunk])
@@ -609,7 +611,7 @@ def _parallel_reads_fit() -> bool:
     glibc gives a thread the soft ``RLIMIT_STACK`` (8 MiB as usual; 2 MiB or more when unlimited), and a
     limit under 2 MiB keeps every read on the calling thread, as before the parts existed."""
     soft, _ = resource.getrlimit(resource.RLIMIT_STACK)
-    return bool(soft == resource.RLIM_INFINITY or soft >= 2 * 1024 * 1024)
+    return soft == resource.RLIM_INFINITY or soft >= 2 * 1024 * 1024
 
 
 _ROW_HINT = re.compile(r" in row (\d+)$")

@@ -221,6 +221,16 @@ def test_a_payload_of_two_objects_never_lends_one_to_an_empty_payload(
         assert reasons(decoded)[2] == "payload holds no JSON value"
 
 
+def test_payloads_with_no_json_value_are_set_aside_before_any_read() -> None:
+    payloads = [b'{"id":"%d"}' % i for i in range(1000)]
+    payloads[500], payloads[700] = b"", b" \n"
+    deserializer = json_deserializer()
+    decoded = decode_all(deserializer, payloads)
+    assert reasons(decoded) == {500: "payload holds no JSON value", 700: "payload holds no JSON value"}
+    assert len(decoded.fast) == 998
+    assert deserializer.reads == 1  # no bisection to find them
+
+
 def test_json_positions_subset() -> None:
     deserializer = json_deserializer()
     batch = messages([GOOD[0], b"not json", GOOD[1]])
