@@ -214,8 +214,7 @@ def _ingest(config: Config, until_caught_up: bool) -> int:
     )
 
     def stop(signum: int, frame: FrameType | None) -> None:
-        logger.info("received %s: flushing, committing and stopping", signal.Signals(signum).name)
-        ingestor.request_stop()
+        ingestor.request_stop(signal.Signals(signum).name)  # no lock, no log line here: see request_stop
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)

@@ -38,6 +38,10 @@ class RebalanceListener(Protocol):
         """Partitions taken from us without notice: another owner may already commit them."""
         ...
 
+    def stopping(self) -> bool:
+        """True once a stop was asked for (SIGTERM): the source stops waiting for the broker at start."""
+        ...
+
 
 class Source(Protocol):
     """The subscribed topics of a consumer group: messages in, positions set by the loop, lag for the gauges."""

@@ -101,9 +101,12 @@ class KafkaSource:
         try:
             self._consumer = new_consumer(self._settings)
             named = [] if self._config.topic_pattern else self._subscription
-            metadata = _metadata(self._consumer, self._watch, timeout=30) if named else None
+            metadata = _metadata(self._consumer, self._watch, timeout=30, stopping=listener.stopping) if named else None
         except KafkaException as exc:
             raise RetryableError(f"cannot reach Kafka at {self._config.bootstrap_servers}: {exc}") from exc
+        if listener.stopping():
+            logger.info("stop asked for before Kafka answered: not joining the group")
+            return
         for name in named:
             topic = metadata.topics.get(name) if metadata is not None else None
             if topic is None or topic.error is not None:
@@ -520,9 +523,16 @@ class SecurityWatch:
         self.failure = None  # the next refusal is recorded afresh; the clock runs from the first
 
 
-def _metadata(consumer: Consumer, watch: SecurityWatch, timeout: float, topic: str | None = None) -> Any:
+def _metadata(
+    consumer: Consumer,
+    watch: SecurityWatch,
+    timeout: float,
+    topic: str | None = None,
+    stopping: Callable[[], bool] | None = None,
+) -> Any:
     """``list_topics``, in slices of a second with the error callbacks served in between: a security failure
-    raises FatalError at once instead of a bare "transport failure" when ``timeout`` runs out."""
+    raises FatalError at once instead of a bare "transport failure" when ``timeout`` runs out. None once
+    ``stopping()`` says so: a SIGTERM while the broker is out does not wait out the timeout."""
     deadline = time.monotonic() + timeout
     while True:
         remaining = deadline - time.monotonic()
@@ -531,5 +541,7 @@ def _metadata(consumer: Consumer, watch: SecurityWatch, timeout: float, topic: s
         except KafkaException:
             consumer.poll(0)  # runs the error callback for what librdkafka met meanwhile
             watch.check()
+            if stopping is not None and stopping():
+                return None
             if remaining <= 1.0:
                 raise

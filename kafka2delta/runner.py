@@ -109,7 +109,7 @@ class Ingestor:
         self._targets: dict[TopicPartition, int] = {}
         self._reached: dict[TopicPartition, int] = {}
         self._in_rebalance = False
-        self._stop_requested = False
+        self._stop_requested: str | None = None  # what asked for the stop (a signal's name), once one did
         self._failed = False
         # What /healthz, /readyz and the status page show: written here, read by the HTTP threads.
         self._board = StatusBoard(
@@ -153,9 +153,18 @@ class Ingestor:
 
     # --- the loop -----------------------------------------------------------------------
 
-    def request_stop(self) -> None:
-        """Stop fetching; the loop flushes, commits and returns (SIGTERM/SIGINT)."""
-        self._stop_requested = True
+    def request_stop(self, by: str = "a stop request") -> None:
+        """Stop fetching; the loop flushes, commits and returns (SIGTERM/SIGINT). Safe in a signal handler: it
+        only sets a field. The handler interrupts the loop wherever it is, perhaps inside the status board's
+        lock or halfway through writing a log line; taking that lock again would hang, and logging again raises
+        ("reentrant call"), losing the stop. The loop says it and updates the board once it sees the field."""
+        self._stop_requested = by
+
+    def stopping(self) -> bool:
+        return self._stop_requested is not None
+
+    def _say_stopping(self) -> None:
+        logger.info("received %s: flushing, committing and stopping", self._stop_requested)
         self._board.set_state("stopping")
 
     def status(self) -> Status:
@@ -166,7 +175,7 @@ class Ingestor:
         self._board.set_state("running")
         self._source.start(self)
         try:
-            while not self._stop_requested:
+            while self._stop_requested is None:
                 self._board.loop_turned()
                 batch = self._consume()
                 self._accept(batch)
@@ -181,6 +190,8 @@ class Ingestor:
                         logger.info("caught up with the high watermarks seen at start: %s", _by_name(self._targets))
                         break
                 self._progress.maybe_log(self._progress_line)
+            if self._stop_requested is not None:
+                self._say_stopping()
             self._flush("shutdown")
         except BaseException as exc:
             self._failed = True  # closing must not commit from a broken state
@@ -389,7 +400,7 @@ class Ingestor:
             refusals += 1
             refused_by = "lock_busy" if coordinator.last_skip == "lock busy" else "order"
             self._metrics.coordinator_skip(table.name, refused_by)
-            if reason in _ONE_TURN_REASONS or self._stop_requested:
+            if reason in _ONE_TURN_REASONS or self._stop_requested is not None:
                 return None
             if self._clock() - started >= self._max_turn_wait_s:
                 logger.warning(

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import logging
+import threading
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pytest
 from deltalake import DeltaTable, Field
 from deltalake.schema import PrimitiveType
 from prometheus_client import generate_latest
@@ -15,6 +18,7 @@ from kafka2delta.dead_letters import DeadLetterTable
 from kafka2delta.errors import RetryableError
 from kafka2delta.offsets import LogicalOffset, TxnIds
 from kafka2delta.records import ConsumedBatch, DeadLetter, OffsetRange, PartitionMessages, TopicPartition
+from kafka2delta.runner import Ingestor
 from kafka2delta.writer import DeltaWriter
 from tests.support.runner import SCHEMA, FakeSource, RecordingDeadLetters, batch, make
 
@@ -269,3 +273,34 @@ def test_a_zombies_dead_letters_for_our_offsets_make_us_resync_not_commit_them_t
         f'kafka2delta_commit_conflicts_total{{partition="0",table="{uri}",topic="t"}} 1.0'
         in generate_latest(metrics.registry).decode()
     )
+
+
+def test_a_stop_request_takes_no_lock_and_logs_nothing_and_the_loop_says_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``request_stop`` runs in the SIGTERM handler, which interrupts the loop anywhere: inside the status
+    board's lock (taking it again would hang) or halfway through a log line (logging again raises "reentrant
+    call" and the stop is lost: seen as a daemon that ignored SIGTERM). The loop says it, flushes and stops."""
+    ingestor: Ingestor | None = None
+
+    class StoppedSource(FakeSource):
+        def consume(self, max_messages: int, timeout: float) -> ConsumedBatch:
+            assert ingestor is not None
+            logged = len(caplog.records)
+            with ingestor._board._lock, caplog.at_level(logging.DEBUG):  # the signal comes inside the lock
+                asking = threading.Thread(target=ingestor.request_stop, args=("SIGTERM",))
+                asking.start()
+                asking.join(5)
+                assert not asking.is_alive(), "request_stop waited for the board's lock"
+                assert len(caplog.records) == logged, "request_stop logged"
+            return super().consume(max_messages, timeout)
+
+    writer = DeltaWriter.open(str(tmp_path / "t"), {}, TXN.main, "snappy", 10, SCHEMA)
+    ingestor, _ = make(
+        tmp_path, StoppedSource([batch(0, 0, 10)], [0], high=100), writer, RecordingDeadLetters(tmp_path)
+    )
+    with caplog.at_level(logging.INFO):
+        ingestor.run()
+    assert "received SIGTERM: flushing, committing and stopping" in caplog.messages
+    assert DeltaTable(str(tmp_path / "t")).transaction_version("t-0") == 9  # the batch in hand was committed
+    assert ingestor.status().state == "stopped"
