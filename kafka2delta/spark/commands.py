@@ -150,6 +150,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
         raise ConfigError(args.command, f"unknown action {args.action}")
     job_name = args.job_name or args.action
     if args.command == "maintain":
+        _check_maintain_arguments(args)
         tables = maintained_tables(config, args.table)
         if not tables and not args.dead_letters:
             raise ConfigError("table.uri", "no table to maintain: none of the config's tables or --table globs exists")
@@ -177,6 +178,20 @@ def run(args: argparse.Namespace, config: Config) -> int:
         return _job(args, config, session, coordinator, job_name)
     finally:
         coordinator.close()
+
+
+def _check_maintain_arguments(args: argparse.Namespace) -> None:
+    """Arguments that cannot work, refused at once: before the tables are listed and the JVM starts (20 s)."""
+    from kafka2delta.spark import maintenance
+
+    if args.action == "vacuum":
+        maintenance.check_retention(args.retain_hours)
+    else:
+        maintenance.check_optimize_options(
+            zorder_by=args.zorder_by,
+            target_file_size=args.target_file_size,
+            purge_deletion_vectors=args.purge_deletion_vectors,
+        )
 
 
 def maintained_tables(config: Config, explicit: list[str]) -> list[str]:
@@ -254,20 +269,32 @@ def _job(
     from kafka2delta.spark.jobs import StreamingJob, TurnJob
 
     stop = threading.Event()
+    received: list[str] = []
 
     def request_stop(signum: int, frame: FrameType | None) -> None:
-        logger.info("received %s: stopping after this turn", signal.Signals(signum).name)
+        # No log line in the handler: it may interrupt one being written, and writing again raises ("reentrant
+        # call"), losing the stop. A thread says it.
+        received.append(signal.Signals(signum).name)
         stop.set()
+
+    def say_stopping() -> None:
+        stop.wait()
+        if received:
+            logger.info("received %s: stopping after this turn", received[0])
 
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, request_stop)
         signal.signal(signal.SIGINT, request_stop)
+        threading.Thread(target=say_stopping, name="k2d-stop-notice", daemon=True).start()
     job: TurnJob[Any]
     if args.action == "apply-changes":
         job = ApplyChangesJob(session, config, args.apply_options, coordinator, job_name=job_name)
     else:
         job = StreamingJob(session, config, args.action, coordinator, job_name=job_name)
-    report = job.run(available_now=args.available_now, max_turns=args.max_turns, stop=stop)
+    try:
+        report = job.run(available_now=args.available_now, max_turns=args.max_turns, stop=stop)
+    finally:
+        stop.set()  # ends the notice thread (silent: no signal came)
     _print(report, args.json)
     sys.stdout.flush()
     return EXIT_OK

@@ -64,6 +64,27 @@ class _SessionConf:
                 self._session.conf.set(key, old)
 
 
+def check_optimize_options(
+    *, zorder_by: Sequence[str], target_file_size: int | None, purge_deletion_vectors: bool
+) -> None:
+    """The ``optimize`` options that contradict themselves, refused before any Spark work (the CLI checks them
+    before it starts the JVM)."""
+    if target_file_size is not None and target_file_size <= 0:
+        raise ConfigError("--target-file-size", f"expected a positive number of bytes, got {target_file_size}")
+    if purge_deletion_vectors and zorder_by:
+        raise ConfigError("--purge-deletion-vectors", "rewrites the files with deletion vectors: not with --zorder-by")
+
+
+def check_retention(retain_hours: float) -> None:
+    """A retention too short for a live daemon's files, refused before any Spark work."""
+    if retain_hours < MIN_RETAIN_HOURS:
+        raise ConfigError(
+            "--retain-hours",
+            f"expected at least {MIN_RETAIN_HOURS:g} hour: a daemon's new file stays uncommitted for a moment, "
+            f"and a younger retention could delete it before its commit (got {retain_hours:g})",
+        )
+
+
 def optimize(
     session: SparkSession,
     uri: str,
@@ -82,10 +103,9 @@ def optimize(
     from pyspark.errors import PySparkException
 
     started = time.monotonic()
-    if target_file_size is not None and target_file_size <= 0:
-        raise ConfigError("--target-file-size", f"expected a positive number of bytes, got {target_file_size}")
-    if purge_deletion_vectors and zorder_by:
-        raise ConfigError("--purge-deletion-vectors", "rewrites the files with deletion vectors: not with --zorder-by")
+    check_optimize_options(
+        zorder_by=zorder_by, target_file_size=target_file_size, purge_deletion_vectors=purge_deletion_vectors
+    )
     check_writable(uri, storage_options, spark_only_ok=True)
     if purge_deletion_vectors and not spark_only_table(uri, storage_options):
         raise ConfigError(
@@ -191,12 +211,7 @@ def vacuum(
     from pyspark.errors import PySparkException
 
     started = time.monotonic()
-    if retain_hours < MIN_RETAIN_HOURS:
-        raise ConfigError(
-            "--retain-hours",
-            f"expected at least {MIN_RETAIN_HOURS:g} hour: a daemon's new file stays uncommitted for a moment, "
-            f"and a younger retention could delete it before its commit (got {retain_hours:g})",
-        )
+    check_retention(retain_hours)
     check_writable(uri, storage_options, spark_only_ok=True)
     stats = table_stats(uri, storage_options)
     on_storage = {f.path: f for f in data_files(uri, storage_options)}

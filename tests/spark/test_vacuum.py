@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,19 +15,29 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
+from kafka2delta.cli import _parser
+from kafka2delta.config import load_config
+from kafka2delta.errors import ConfigError
+from kafka2delta.spark import commands
 from kafka2delta.spark.maintenance import vacuum
 from kafka2delta.spark.tables import data_files, referenced_paths
-from tests.support.harness import ROOT, Daemon, Setup, assert_exactly_once
+from tests.support.chaos import FAST_GROUP
+from tests.support.harness import Daemon, Setup, assert_exactly_once
 
 pytestmark = pytest.mark.integration
 
 
 def test_vacuum_deletes_a_killed_daemons_orphans_only(
-    setup_factory: Callable[..., Setup], daemon_factory: Callable[..., Daemon]
+    spark: Any,
+    setup_factory: Callable[..., Setup],
+    daemon_factory: Callable[..., Daemon],
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
+    """The ``maintain vacuum`` command line, run in this process (its session is the suite's: no JVM start of
+    its own; ``tests/unit/test_cli.py`` runs the refusals as a process)."""
     setup = setup_factory(2, max_messages_per_file=50)
     produced = setup.topic.produce(100)
-    crashed = daemon_factory(setup, env={"K2D_FAULT_INJECT": "after_parquet_write"})
+    crashed = daemon_factory(setup, env={**FAST_GROUP, "K2D_FAULT_INJECT": "after_parquet_write"})
     assert crashed.wait(120) == -9  # SIGKILLed itself after writing Parquet, before committing
     orphans = {f.path for f in data_files(setup.table_uri)} - referenced_paths(setup.table_uri)
     assert orphans, "the crash left no uncommitted file"
@@ -42,37 +50,10 @@ def test_vacuum_deletes_a_killed_daemons_orphans_only(
     for f in data_files(setup.table_uri):
         os.utime(os.path.join(setup.table_uri, f.path), (old, old))
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith("K2D_")}
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "kafka2delta",
-            "maintain",
-            "vacuum",
-            "-c",
-            str(setup.config_path),
-            "--retain-hours",
-            "1",
-            "--json",
-            "--dead-letters",
-            "--master",
-            "local[1]",
-            "--conf",
-            "spark.ui.enabled=false",
-            "--conf",
-            "spark.databricks.delta.snapshotPartitions=2",
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=300,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
-    assert len(lines) == 2, result.stdout[-3000:] + result.stderr[-3000:]
+    argv = ["maintain", "vacuum", "-c", str(setup.config_path), "--retain-hours", "1", "--json", "--dead-letters"]
+    assert commands.run(_parser().parse_args(argv), load_config(setup.config_path, {})) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    assert len(lines) == 2, lines
     report, dead_letters = (json.loads(line) for line in lines)
     assert dead_letters["table"] == setup.dead_letter_uri and dead_letters["status"] == "ok"
     print(f"\nvacuum: {report}")
@@ -88,27 +69,10 @@ def test_vacuum_deletes_a_killed_daemons_orphans_only(
     assert daemon_factory(setup, "--until-caught-up").wait(120) == 0
     assert_exactly_once(setup, produced)
 
-    # Too short a retention could delete a live daemon's file before its commit: refused, exit 2.
-    refused = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "kafka2delta",
-            "maintain",
-            "vacuum",
-            "-c",
-            str(setup.config_path),
-            "--retain-hours",
-            "0",
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=300,
-        check=False,
-    )
-    assert refused.returncode == 2 and "--retain-hours" in refused.stderr
+    # Too short a retention could delete a live daemon's file before its commit: refused.
+    short = _parser().parse_args(["maintain", "vacuum", "-c", str(setup.config_path), "--retain-hours", "0"])
+    with pytest.raises(ConfigError, match="--retain-hours"):
+        commands.run(short, load_config(setup.config_path, {}))
 
 
 def test_vacuum_of_a_partitioned_table_compares_log_and_storage_paths_alike(spark: Any, tmp_path: Path) -> None:

@@ -48,3 +48,19 @@ def test_missing_required_key(tmp_path: Path) -> None:
     config.write_text('[kafka]\nbootstrap_servers = "x:1"\n[table]\nuri = "/tmp/x"\n')
     result = run("ingest", "-c", str(config))
     assert result.returncode == 2 and "kafka.topic: required key missing" in result.stderr
+
+
+def test_maintain_refuses_contradicting_arguments_before_spark_starts(tmp_path: Path) -> None:
+    """Exit 2 with one line naming the argument, before the tables are listed and the JVM starts: the table does
+    not even exist, and no Spark line is logged."""
+    config = tmp_path / "c.toml"
+    config.write_text(f'[kafka]\nbootstrap_servers = "x:1"\ntopic = "t"\n[table]\nuri = "{tmp_path / "absent"}"\n')
+    refusals = {
+        "--retain-hours": ("vacuum", "--retain-hours", "0.5"),
+        "--purge-deletion-vectors": ("optimize", "--zorder-by", "id", "--purge-deletion-vectors"),
+        "--target-file-size": ("optimize", "--target-file-size", "0"),
+    }
+    for argument, args in refusals.items():
+        result = run("maintain", *args, "-c", str(config))
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 2 and len(lines) == 1 and argument in lines[0], result.stderr
