@@ -61,7 +61,7 @@ def _outage(broker: Any, seconds: float, result: ChaosResult) -> None:
     [
         # The short form runs the long outage only: it is a kill and a restart mid-stream too.
         pytest.param(2.0, id="brief", marks=pytest.mark.skipif(not FULL, reason="full form only (make chaos)")),
-        pytest.param(3 * SESSION_TIMEOUT_S, id="longer_than_session_timeout"),
+        pytest.param(scale(2, 3) * SESSION_TIMEOUT_S, id="longer_than_session_timeout"),
     ],
 )
 def test_broker_killed_and_restarted(

@@ -10,8 +10,10 @@ from tests.support.harness import BackgroundProducer, assert_exactly_once, wait_
 
 def test_sigterm_mid_stream_then_restart(setup_factory, daemon_factory) -> None:
     setup = setup_factory(2, max_messages_per_file=500, allowed_latency_s=0.5)
-    producer = BackgroundProducer(setup.topic, per_partition=4000)
+    # ~10 s of arrivals: the stop must come while messages still arrive, and a daemon that starts in 2 s and
+    # commits 8,000 events in a second would otherwise have them all before its first commit is seen.
     daemon = daemon_factory(setup)
+    producer = BackgroundProducer(setup.topic, per_partition=4000, pause_s=0.25)
     wait_for(lambda: len(setup.ids()) > 0, 90, "a first commit")
     assert daemon.process.poll() is None
     assert daemon.stop() == 0, daemon.log()[-3000:]
