@@ -269,32 +269,26 @@ def _job(
     from kafka2delta.spark.jobs import StreamingJob, TurnJob
 
     stop = threading.Event()
-    received: list[str] = []
 
-    def request_stop(signum: int, frame: FrameType | None) -> None:
-        # No log line in the handler: it may interrupt one being written, and writing again raises ("reentrant
-        # call"), losing the stop. A thread says it.
-        received.append(signal.Signals(signum).name)
+    def stop_after_this_turn(signal_name: str) -> None:
+        logger.info("received %s: stopping after this turn", signal_name)
         stop.set()
 
-    def say_stopping() -> None:
-        stop.wait()
-        if received:
-            logger.info("received %s: stopping after this turn", received[0])
+    def request_stop(signum: int, frame: FrameType | None) -> None:
+        # Neither a lock nor a log line in the handler: it interrupts the main thread anywhere, perhaps inside the
+        # Event's own lock or halfway through a log line (logging again raises, and the stop is lost).
+        name = signal.Signals(signum).name
+        threading.Thread(target=stop_after_this_turn, args=(name,), name="k2d-stop", daemon=True).start()
 
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, request_stop)
         signal.signal(signal.SIGINT, request_stop)
-        threading.Thread(target=say_stopping, name="k2d-stop-notice", daemon=True).start()
     job: TurnJob[Any]
     if args.action == "apply-changes":
         job = ApplyChangesJob(session, config, args.apply_options, coordinator, job_name=job_name)
     else:
         job = StreamingJob(session, config, args.action, coordinator, job_name=job_name)
-    try:
-        report = job.run(available_now=args.available_now, max_turns=args.max_turns, stop=stop)
-    finally:
-        stop.set()  # ends the notice thread (silent: no signal came)
+    report = job.run(available_now=args.available_now, max_turns=args.max_turns, stop=stop)
     _print(report, args.json)
     sys.stdout.flush()
     return EXIT_OK

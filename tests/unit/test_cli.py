@@ -1,8 +1,16 @@
 """The CLI process: bad config exits 2 with one line naming the key; secrets never printed."""
 
+import logging
+import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -64,3 +72,58 @@ def test_maintain_refuses_contradicting_arguments_before_spark_starts(tmp_path: 
         result = run("maintain", *args, "-c", str(config))
         lines = result.stderr.strip().splitlines()
         assert result.returncode == 2 and len(lines) == 1 and argument in lines[0], result.stderr
+
+
+def test_a_jobs_sigterm_stops_after_the_turn_without_a_lock_or_a_log_line_in_the_handler(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``jobs`` under a SIGTERM (a Deployment's rollout): the turn under way ends, the report is printed, exit 0.
+    The handler runs wherever the signal interrupts the main thread: here while it writes a log line and holds
+    the stop Event's lock, where logging again would raise and setting the Event would hang."""
+    from kafka2delta.cli import _parser
+    from kafka2delta.config import load_config
+    from kafka2delta.coordinator import Coordinator, NoBackend
+    from kafka2delta.spark import commands, jobs
+    from kafka2delta.spark.report import Report
+
+    class TurnUnderWay:
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+        def run(self, *, stop: threading.Event, **kwargs: Any) -> Report:
+            with stop._cond:  # type: ignore[attr-defined]  # the signal comes inside the Event's lock, in a log line
+                logging.getLogger("kafka2delta.spark.jobs").info("turn 1: %s", LoudArgument())
+            assert stop.wait(10), "the stop never came"
+            return Report("ttl", "t")
+
+    class LoudArgument:
+        sent = False
+
+        def __str__(self) -> str:
+            if not LoudArgument.sent:  # once: each log handler formats the record, some after the test
+                LoudArgument.sent = True
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.2)  # the handler runs at the next bytecode of this thread
+            return "under way"
+
+    monkeypatch.setattr(jobs, "StreamingJob", TurnUnderWay)
+    config_path = tmp_path / "c.toml"
+    config_path.write_text(f'[kafka]\nbootstrap_servers = "x:1"\ntopic = "t"\n[table]\nuri = "{tmp_path / "t"}"\n')
+    args = _parser().parse_args(["jobs", "ttl", "-c", str(config_path)])
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGALRM)}
+
+    def hung(signum: int, frame: Any) -> None:
+        raise TimeoutError("the SIGTERM handler hung on a lock the main thread held")
+
+    signal.signal(signal.SIGALRM, hung)  # a handler that takes the lock would hang the test, not fail it
+    signal.alarm(30)
+    try:
+        with caplog.at_level(logging.INFO):
+            code = commands._job(args, load_config(config_path, {}), None, Coordinator(NoBackend(), "t"), "ttl")  # type: ignore[arg-type]
+    finally:
+        signal.alarm(0)
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+    assert code == 0
+    assert "received SIGTERM: stopping after this turn" in caplog.messages
+    assert "turn 1: under way" in caplog.messages
