@@ -275,8 +275,9 @@ def _job(
         stop.set()
 
     def request_stop(signum: int, frame: FrameType | None) -> None:
-        # Neither a lock nor a log line in the handler: it interrupts the main thread anywhere, perhaps inside the
-        # Event's own lock or halfway through a log line (logging again raises, and the stop is lost).
+        # Neither the Event's lock nor a log line in the handler: it interrupts the main thread anywhere, perhaps
+        # inside that lock (taking it again hangs) or halfway through a log line (logging again raises, and the
+        # stop is lost). Starting a thread takes only threading's own reentrant lock.
         name = signal.Signals(signum).name
         threading.Thread(target=stop_after_this_turn, args=(name,), name="k2d-stop", daemon=True).start()
 

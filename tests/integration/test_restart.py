@@ -10,10 +10,9 @@ from tests.support.harness import BackgroundProducer, assert_exactly_once, wait_
 
 def test_sigterm_mid_stream_then_restart(setup_factory, daemon_factory) -> None:
     setup = setup_factory(2, max_messages_per_file=500, allowed_latency_s=0.5)
-    # ~10 s of arrivals: the stop must come while messages still arrive, and a daemon that starts in 2 s and
-    # commits 8,000 events in a second would otherwise have them all before its first commit is seen.
     daemon = daemon_factory(setup)
-    producer = BackgroundProducer(setup.topic, per_partition=4000, pause_s=0.25)
+    # Arrivals go on until after the stop, however long the daemon takes to start: the stop comes mid-stream.
+    producer = BackgroundProducer(setup.topic, per_partition=100_000, pause_s=0.1)
     wait_for(lambda: len(setup.ids()) > 0, 90, "a first commit")
     assert daemon.process.poll() is None
     assert daemon.stop() == 0, daemon.log()[-3000:]
@@ -21,12 +20,13 @@ def test_sigterm_mid_stream_then_restart(setup_factory, daemon_factory) -> None:
     after_stop = setup.txn_versions()
     assert all(v is not None for v in after_stop.values())
 
-    produced = producer.join()
-    assert any(v < 3999 for v in after_stop.values()), "the stop should come while messages are still arriving"
+    produced = producer.stop()
+    per_partition = len(produced) // 2
+    assert all(v < per_partition - 1 for v in after_stop.values()), "messages must arrive after the stop"
     again = daemon_factory(setup, "--until-caught-up")
     assert again.wait(180) == 0, again.log()[-3000:]
     assert_exactly_once(setup, produced)
-    assert setup.txn_versions() == {0: 3999, 1: 3999}
+    assert setup.txn_versions() == {0: per_partition - 1, 1: per_partition - 1}
     for version in after_stop.values():
         assert f"starting at {version + 1} (table txn version {version})" in again.log()
 

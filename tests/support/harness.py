@@ -107,17 +107,20 @@ class Topic:
 
 
 class BackgroundProducer:
-    """Produces ``per_partition`` events per partition in small chunks while a daemon runs."""
+    """Produces ``per_partition`` events per partition in small chunks while a daemon runs (or until ``stop``)."""
 
     def __init__(
         self, topic: Topic, per_partition: int, start: int = 0, chunk: int = 100, pause_s: float = 0.05
     ) -> None:
         self.ids: list[str] = []
+        self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(topic, per_partition, start, chunk, pause_s))
         self._thread.start()
 
     def _run(self, topic: Topic, per_partition: int, start: int, chunk: int, pause_s: float) -> None:
         for first in range(start, start + per_partition, chunk):
+            if self._stop.is_set():
+                return
             self.ids.extend(topic.produce(min(chunk, start + per_partition - first), start=first))
             time.sleep(pause_s)
 
@@ -125,6 +128,11 @@ class BackgroundProducer:
         self._thread.join(300)
         assert not self._thread.is_alive()
         return self.ids
+
+    def stop(self) -> list[str]:
+        """Stop after the chunk under way; the ids produced."""
+        self._stop.set()
+        return self.join()
 
 
 class Daemon:
