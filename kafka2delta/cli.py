@@ -218,6 +218,9 @@ def _ingest(config: Config, until_caught_up: bool) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    early = startup.received()
+    if early is not None:  # came during start-up, and its exception was swallowed on the way (startup.received)
+        ingestor.request_stop(early)
     # /metrics, /healthz, /readyz and the status page; the server threads only read the loop's snapshots.
     server = (
         StatusServer(config.metrics.host, config.metrics.port, metrics.registry, ingestor.status).start()

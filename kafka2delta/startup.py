@@ -31,10 +31,21 @@ class StopDuringStartup(BaseException):
         self.signal_name = signal.Signals(signum).name
 
 
+_received: list[str] = []
+
+
 def _raise_stop(signum: int, frame: FrameType | None) -> None:
     for ignored in STOP_SIGNALS:  # a second signal must not interrupt the way out with a traceback
         signal.signal(ignored, signal.SIG_IGN)
+    _received.append(signal.Signals(signum).name)
     raise StopDuringStartup(signum)
+
+
+def received() -> str | None:
+    """The stop signal that came during start-up, if one did. Its exception can be swallowed on the way: raised
+    inside a library's bare ``except:`` (an import that tries an optional module), it never reaches :func:`main`,
+    and the signal, now ignored, is not sent again. The loop asks this once its own handler is in place."""
+    return _received[0] if _received else None
 
 
 def guard() -> None:
