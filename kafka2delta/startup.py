@@ -43,8 +43,9 @@ def _raise_stop(signum: int, frame: FrameType | None) -> None:
 
 def received() -> str | None:
     """The stop signal that came during start-up, if one did. Its exception can be swallowed on the way: raised
-    inside a library's bare ``except:`` (an import that tries an optional module), it never reaches :func:`main`,
-    and the signal, now ignored, is not sent again. The loop asks this once its own handler is in place."""
+    inside code that takes every exception (a bare ``except:``, a native library that checks for signals and
+    drops the error), it never reaches :func:`main`, and the signal, now ignored, is not sent again. The loop
+    asks this once its own handler is in place."""
     return _received[0] if _received else None
 
 
