@@ -39,9 +39,9 @@ def test_sigterm_during_the_daemons_start_up_exits_0(monkeypatch, capsys, caplog
 
 
 def test_a_sigterm_whose_exception_a_library_swallowed_still_stops_the_daemon(monkeypatch, tmp_path, caplog) -> None:
-    """Raised inside a library's bare ``except:`` (an import trying an optional module), the start-up's exception
-    never reaches the entry point, and the signal is ignored from then on: the loop must still stop, exit 0
-    (seen once in a clean-clone run: a daemon SIGTERMed 0.3 s into its start ran on until killed)."""
+    """Raised inside code that takes every exception (here a bare ``except:``), the start-up's exception never
+    reaches the entry point, and the signal is ignored from then on: the loop must still stop, exit 0 (seen once
+    in a clean-clone run, which code took it unknown: a daemon SIGTERMed 0.3 s into its start ran until killed)."""
     config = load_config(
         None,
         environ={
