@@ -3,6 +3,10 @@
 An operation that raises :class:`RetryableError` is tried again after 0.5 s, 1 s, 2 s … (at most 30 s),
 up to ``ingest.max_commit_retries`` retries; then :class:`FatalError` names the operation and the
 daemon exits non-zero (a restart replays from the Delta log). Offsets stay where they are meanwhile.
+
+Once a stop has been requested (SIGTERM), retries go on for ``ingest.retry_after_stop_s`` more at most: an
+orchestrator kills a pod that outlives its grace period anyway, and a person pressing Ctrl-C during an outage
+should not wait minutes. Giving up then is a crash at that point, which the Delta log makes safe.
 """
 
 from __future__ import annotations
@@ -26,12 +30,23 @@ _NOT_TABLE_OPERATIONS = frozenset({"consume", "watermarks", "processing", "coord
 
 class Retrier:
     def __init__(
-        self, *, max_retries: int, metrics: Metrics, board: StatusBoard, sleep: Callable[[float], None]
+        self,
+        *,
+        max_retries: int,
+        retry_after_stop_s: float,
+        metrics: Metrics,
+        board: StatusBoard,
+        sleep: Callable[[float], None],
+        clock: Callable[[], float],
+        stop_requested_at: Callable[[], float | None],
     ) -> None:
         self._max_retries = max_retries
+        self._retry_after_stop_s = retry_after_stop_s
         self._metrics = metrics
         self._board = board
         self._sleep = sleep
+        self._clock = clock
+        self._stop_requested_at = stop_requested_at  # the loop's clock reading at the stop request, or None
 
     def run(self, what: str, operation: Callable[[], T]) -> T:
         """``operation()``, retried while it raises RetryableError; ``what`` names it in logs and errors."""
@@ -57,5 +72,14 @@ class Retrier:
         if attempt > limit:
             raise FatalError(f"{what} still failing after {limit} retries: {exc}") from exc
         delay = min(_MAX_BACKOFF_S, 0.5 * 2 ** (attempt - 1))
+        stopped_at = self._stop_requested_at()
+        if stopped_at is not None:
+            left = stopped_at + self._retry_after_stop_s - self._clock()
+            if left <= 0:
+                raise FatalError(
+                    f"{what} still failing {self._retry_after_stop_s:g} s after the stop request "
+                    f"(ingest.retry_after_stop_s), giving up: the next start replays from the Delta log: {exc}"
+                ) from exc
+            delay = min(delay, left)
         logger.warning("%s failed (attempt %d of %d), retrying in %.1f s: %s", what, attempt, limit, delay, exc)
         self._sleep(delay)

@@ -110,6 +110,7 @@ class Ingestor:
         self._reached: dict[TopicPartition, int] = {}
         self._in_rebalance = False
         self._stop_requested: str | None = None  # what asked for the stop (a signal's name), once one did
+        self._stop_requested_at: float | None = None  # the clock then: retries after it are bounded
         self._failed = False
         # What /healthz, /readyz and the status page show: written here, read by the HTTP threads.
         self._board = StatusBoard(
@@ -123,7 +124,15 @@ class Ingestor:
             wall_clock=wall_clock,
         )
         self._board.table_reachable()
-        self._retrier = Retrier(max_retries=ingest.max_commit_retries, metrics=metrics, board=self._board, sleep=sleep)
+        self._retrier = Retrier(
+            max_retries=ingest.max_commit_retries,
+            retry_after_stop_s=ingest.retry_after_stop_s,
+            metrics=metrics,
+            board=self._board,
+            sleep=sleep,
+            clock=clock,
+            stop_requested_at=lambda: self._stop_requested_at,
+        )
         self._tables = Tables(
             routes=routes if routes is not None else Routes(config),
             opener=tables,
@@ -158,6 +167,8 @@ class Ingestor:
         only sets a field. The handler interrupts the loop wherever it is, perhaps inside the status board's
         lock or halfway through writing a log line; taking that lock again would hang, and logging again raises
         ("reentrant call"), losing the stop. The loop says it and updates the board once it sees the field."""
+        if self._stop_requested is None:
+            self._stop_requested_at = self._clock()
         self._stop_requested = by
 
     def stopping(self) -> bool:

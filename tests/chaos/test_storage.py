@@ -106,9 +106,32 @@ def test_storage_outage_longer_than_the_retry_budget(setup_factory, daemon_facto
         daemon = daemon_factory(setup, env={**FAST_GROUP, **budget})
         chaos_result.fault("daemon restart")
         _wait_all_committed(setup, producer.produced, "commits after the restart")
+    # SIGTERM during the outage, the retry budget far from used up: the daemon retries for
+    # ingest.retry_after_stop_s more, then exits 1 (without the bound it would retry for minutes: 10 retries).
+    stop(daemon)
+    daemon = daemon_factory(setup, env={**FAST_GROUP, "K2D_INGEST__RETRY_AFTER_STOP_S": "3"})
+    wait_committed(setup)
+    assert producer.running(), "the fault must come while messages still arrive"
+    with read_only(*directories):
+        versions = setup.txn_versions()
+        chaos_result.fault("read-only, then SIGTERM while retrying")
+        wait_for(lambda: "retrying in" in daemon.log(), 60, "a retried commit")
+        stopped = time.monotonic()
+        exits.append(daemon.stop(60))
+        stop_s = time.monotonic() - stopped
+        assert setup.txn_versions() == versions, "nothing can be committed while read-only"
+    log = daemon.log()
+    assert exits[-1] == 1, log[-3000:]
+    assert "still failing 3 s after the stop request (ingest.retry_after_stop_s)" in log, log[-3000:]
+    assert stop_s < 20, f"the stop took {stop_s:.1f} s"  # 3 s of retries, one last attempt and the exit
+    daemon = daemon_factory(setup, env=FAST_GROUP)
+    chaos_result.fault("daemon restart")
+    _wait_all_committed(setup, producer.produced, "commits after the restart")
     producer.stop()
     stop(daemon)
-    chaos_result.notes = f"daemon exit codes {exits}; gave up on: {'; '.join(operations)}"
+    chaos_result.notes = (
+        f"daemon exit codes {exits}; gave up on: {'; '.join(operations)}; stopped during the outage in {stop_s:.1f} s"
+    )
     drain(daemon_factory, setup)
     chaos_result.verdict = check(setup)
 

@@ -7,6 +7,7 @@ real edges.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -158,10 +159,17 @@ def batch(partition: int, first: int, count: int, bad_every: int = 0) -> Consume
 
 
 def make(
-    tmp_path: Path, source: Source, writer: TableWriter, sink: DeadLetterStore, **ingest: str
+    tmp_path: Path,
+    source: Source,
+    writer: TableWriter,
+    sink: DeadLetterStore,
+    *,
+    sleep: Callable[[float], None] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    **ingest: str,
 ) -> tuple[Ingestor, Metrics]:
     """The loop for topic ``t`` into ``writer`` (``<tmp_path>/t``) with ``[ingest]`` overrides; backoff does not
-    sleep."""
+    sleep unless ``sleep`` does."""
     environ = {
         "K2D_KAFKA__BOOTSTRAP_SERVERS": "unused:1",
         "K2D_KAFKA__TOPIC": "t",
@@ -179,7 +187,8 @@ def make(
         tables=lambda spec: OpenedTable(writer=writer, pipeline=pipeline),
         dead_letters=sink,
         metrics=metrics,
-        sleep=sleeps.append,
+        sleep=sleep or sleeps.append,
+        clock=clock,
     )
     return ingestor, metrics
 

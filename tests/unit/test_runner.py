@@ -15,7 +15,7 @@ from deltalake.schema import PrimitiveType
 from prometheus_client import generate_latest
 
 from kafka2delta.dead_letters import DeadLetterTable
-from kafka2delta.errors import RetryableError
+from kafka2delta.errors import FatalError, RetryableError
 from kafka2delta.offsets import LogicalOffset, TxnIds
 from kafka2delta.records import ConsumedBatch, DeadLetter, OffsetRange, PartitionMessages, TopicPartition
 from kafka2delta.runner import Ingestor
@@ -71,6 +71,45 @@ def test_storage_error_is_retried_without_rewriting_or_rerecording(tmp_path: Pat
     text = generate_latest(metrics.registry).decode()
     assert "kafka2delta_storage_retries_total 1.0" in text
     assert 'kafka2delta_messages_dead_lettered_total{stage="deserialize",topic="t"} 2.0' in text
+
+
+def test_a_stop_request_bounds_the_retries_of_a_failing_commit(tmp_path: Path) -> None:
+    """SIGTERM while storage refuses every commit: the retries go on for ``ingest.retry_after_stop_s`` more (the
+    backoff clipped to it), then the daemon gives up naming the key, having committed nothing (a restart
+    replays from the log), rather than retrying for minutes past the orchestrator's grace period."""
+    writer = FlakyWriter(DeltaWriter.open(str(tmp_path / "t"), {}, TXN.main, "snappy", 10, SCHEMA))
+    writer.failures_left = 1_000
+    source = FakeSource([batch(0, 0, 10)], [0], high=10)
+    now = [100.0]
+    sleeps: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        now[0] += seconds
+        if len(sleeps) == 2:  # the signal arrives during the second backoff
+            ingestor.request_stop("SIGTERM")
+
+    ingestor, metrics = make(
+        tmp_path,
+        source,
+        writer,
+        RecordingDeadLetters(tmp_path),
+        sleep=sleep,
+        clock=lambda: now[0],
+        max_commit_retries="100",
+        retry_after_stop_s="5",
+    )
+    with pytest.raises(FatalError) as raised:
+        ingestor.run(until_caught_up=True)
+
+    assert str(raised.value).startswith(
+        "commit (caught_up) still failing 5 s after the stop request (ingest.retry_after_stop_s), giving up"
+    )
+    assert sleeps == [0.5, 1.0, 2.0, 3.0]  # the stop came at 101.5: 2 s, then the 3 s left of the 5
+    assert DeltaTable(str(tmp_path / "t")).transaction_version("t-0") is None
+    assert source.group_offsets == []
+    assert ingestor.status().state == "failed"
+    assert metrics.registry.get_sample_value("kafka2delta_storage_retries_total") == 5
 
 
 def test_conflict_drops_the_moved_partition_and_commits_the_other(tmp_path: Path) -> None:
