@@ -6,7 +6,9 @@ daemon exits non-zero (a restart replays from the Delta log). Offsets stay where
 
 Once a stop has been requested (SIGTERM), retries go on for ``ingest.retry_after_stop_s`` more at most: an
 orchestrator kills a pod that outlives its grace period anyway, and a person pressing Ctrl-C during an outage
-should not wait minutes. Giving up then is a crash at that point, which the Delta log makes safe.
+should not wait minutes. A backoff under way when the signal comes is waited out (``time.sleep`` resumes after
+the handler), later ones are clipped to what is left. Giving up then is a crash at that point, which the Delta
+log makes safe.
 """
 
 from __future__ import annotations
