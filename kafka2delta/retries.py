@@ -6,14 +6,15 @@ daemon exits non-zero (a restart replays from the Delta log). Offsets stay where
 
 Once a stop has been requested (SIGTERM), retries go on for ``ingest.retry_after_stop_s`` more at most: an
 orchestrator kills a pod that outlives its grace period anyway, and a person pressing Ctrl-C during an outage
-should not wait minutes. A backoff under way when the signal comes is waited out (``time.sleep`` resumes after
-the handler), later ones are clipped to what is left. Giving up then is a crash at that point, which the Delta
-log makes safe.
+should not wait minutes. A backoff is slept in slices of at most 1 s (``time.sleep`` resumes after a signal
+handler), so one under way when the signal comes is cut short too. Giving up then is a crash at that point,
+which the Delta log makes safe.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -26,6 +27,7 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _MAX_BACKOFF_S = 30.0
+_SLEEP_SLICE_S = 1.0  # how late a backoff notices a stop request
 # Retried operations that do not touch the tables (readiness only reports the table's).
 _NOT_TABLE_OPERATIONS = frozenset({"consume", "watermarks", "processing", "coordinator turn"})
 
@@ -73,15 +75,21 @@ class Retrier:
         self._board.loop_turned()  # waiting on purpose is alive; /readyz tells the table is not reachable
         if attempt > limit:
             raise FatalError(f"{what} still failing after {limit} retries: {exc}") from exc
-        delay = min(_MAX_BACKOFF_S, 0.5 * 2 ** (attempt - 1))
-        stopped_at = self._stop_requested_at()
-        if stopped_at is not None:
-            left = stopped_at + self._retry_after_stop_s - self._clock()
-            if left <= 0:
-                raise FatalError(
-                    f"{what} still failing {self._retry_after_stop_s:g} s after the stop request "
-                    f"(ingest.retry_after_stop_s), giving up: the next start replays from the Delta log: {exc}"
-                ) from exc
-            delay = min(delay, left)
+        delay = min(_MAX_BACKOFF_S, 0.5 * 2 ** (attempt - 1), self._left_after_stop())
+        if delay <= 0:
+            raise FatalError(
+                f"{what} still failing {self._retry_after_stop_s:g} s after the stop request "
+                f"(ingest.retry_after_stop_s), giving up: the next start replays from the Delta log: {exc}"
+            ) from exc
         logger.warning("%s failed (attempt %d of %d), retrying in %.1f s: %s", what, attempt, limit, delay, exc)
-        self._sleep(delay)
+        while delay > 0:
+            step = min(delay, _SLEEP_SLICE_S)
+            self._sleep(step)
+            delay = min(delay - step, self._left_after_stop())
+
+    def _left_after_stop(self) -> float:
+        """Seconds of retrying left since the stop request (infinite while none came)."""
+        stopped_at = self._stop_requested_at()
+        if stopped_at is None:
+            return math.inf
+        return stopped_at + self._retry_after_stop_s - self._clock()

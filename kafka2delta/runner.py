@@ -164,9 +164,10 @@ class Ingestor:
 
     def request_stop(self, by: str = "a stop request") -> None:
         """Stop fetching; the loop flushes, commits and returns (SIGTERM/SIGINT). Safe in a signal handler: it
-        only sets a field. The handler interrupts the loop wherever it is, perhaps inside the status board's
-        lock or halfway through writing a log line; taking that lock again would hang, and logging again raises
-        ("reentrant call"), losing the stop. The loop says it and updates the board once it sees the field."""
+        only sets two fields (the stop, and the clock's reading for the retries after it; reading it takes no lock).
+        The handler interrupts the loop wherever it is, perhaps inside the status board's lock or halfway through
+        writing a log line; taking that lock again would hang, and logging again raises ("reentrant call"), losing
+        the stop. The loop says it and updates the board once it sees the field."""
         if self._stop_requested is None:
             self._stop_requested_at = self._clock()
         self._stop_requested = by
@@ -224,7 +225,13 @@ class Ingestor:
         if due is not None:
             timeout = min(timeout, max(due, 0.001))
         size = self._config.kafka.consume_batch_size
-        return self._retrier.run("consume", lambda: self._source.consume(size, timeout))
+
+        def consume() -> ConsumedBatch:
+            # A stop during the retries of a failing consume: the loop ends at its next check, and the retry
+            # time after the stop is left to the shutdown flush's commit.
+            return ConsumedBatch() if self._stop_requested is not None else self._source.consume(size, timeout)
+
+        return self._retrier.run("consume", consume)
 
     def _accept(self, batch: ConsumedBatch) -> None:
         # Resyncs made by a rebalance callback during that consume(): this batch's messages of those

@@ -32,7 +32,7 @@ def validate(config: Config) -> None:
     if config.ingest.max_commit_retries < 0:
         raise ConfigError("ingest.max_commit_retries", "expected 0 or more")
     if config.ingest.retry_after_stop_s < 0:
-        raise ConfigError("ingest.retry_after_stop_s", "expected 0 (no retry once stopping) or more seconds")
+        raise ConfigError("ingest.retry_after_stop_s", "expected 0 (give up at the next failure) or more seconds")
     if not 0 <= config.metrics.port <= 65535:
         raise ConfigError("metrics.port", f"expected a port 0..65535, got {config.metrics.port}")
     if not config.kafka.bootstrap_servers.strip():

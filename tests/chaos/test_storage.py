@@ -110,7 +110,7 @@ def test_storage_outage_longer_than_the_retry_budget(setup_factory, daemon_facto
     # ingest.retry_after_stop_s more, then exits 1 (without the bound it would retry for minutes: 10 retries).
     stop(daemon)
     daemon = daemon_factory(setup, env={**FAST_GROUP, "K2D_INGEST__RETRY_AFTER_STOP_S": "3"})
-    wait_committed(setup)
+    wait_for(lambda: "assigned " in daemon.log(), 120, "the new daemon's assignment")  # its loop and handler run
     assert producer.running(), "the fault must come while messages still arrive"
     with read_only(*directories):
         versions = setup.txn_versions()

@@ -65,7 +65,7 @@ def test_environment_overrides_file_and_needs_no_file() -> None:
         (MINIMAL + "[ingest]\ncompression = 'lz4'\n", {}, "ingest.compression", "'snappy', 'zstd'"),
         (MINIMAL + "[ingest]\nallowed_latency_s = 0\n", {}, "ingest.allowed_latency_s", "positive"),
         (MINIMAL, {"K2D_INGEST__TABLE_COMMITS_PER_S": "-1"}, "ingest.table_commits_per_s", "0 (no budget)"),
-        (MINIMAL, {"K2D_INGEST__RETRY_AFTER_STOP_S": "-1"}, "ingest.retry_after_stop_s", "no retry once stopping"),
+        (MINIMAL, {"K2D_INGEST__RETRY_AFTER_STOP_S": "-1"}, "ingest.retry_after_stop_s", "give up at the next failure"),
         (MINIMAL + "[bogus]\nx = 1\n", {}, "bogus", "unknown section"),
         (MINIMAL, {"K2D_INGEST__MIN_BYTES_PER_FILE": "lots"}, "K2D_INGEST__MIN_BYTES_PER_FILE", "an integer"),
         (MINIMAL + "[table.schema]\nid = 'uuid'\n", {}, "table.schema", "unknown type"),

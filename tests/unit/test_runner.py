@@ -74,9 +74,10 @@ def test_storage_error_is_retried_without_rewriting_or_rerecording(tmp_path: Pat
 
 
 def test_a_stop_request_bounds_the_retries_of_a_failing_commit(tmp_path: Path) -> None:
-    """SIGTERM while storage refuses every commit: the retries go on for ``ingest.retry_after_stop_s`` more (the
-    backoff clipped to it), then the daemon gives up naming the key, having committed nothing (a restart
-    replays from the log), rather than retrying for minutes past the orchestrator's grace period."""
+    """SIGTERM while storage refuses every commit, in the middle of a 4-s backoff: the retries go on for
+    ``ingest.retry_after_stop_s`` more (that backoff cut short), then the daemon gives up naming the key, having
+    committed nothing (a restart replays from the log), rather than retrying for minutes past the orchestrator's
+    grace period."""
     writer = FlakyWriter(DeltaWriter.open(str(tmp_path / "t"), {}, TXN.main, "snappy", 10, SCHEMA))
     writer.failures_left = 1_000
     source = FakeSource([batch(0, 0, 10)], [0], high=10)
@@ -86,7 +87,7 @@ def test_a_stop_request_bounds_the_retries_of_a_failing_commit(tmp_path: Path) -
     def sleep(seconds: float) -> None:
         sleeps.append(seconds)
         now[0] += seconds
-        if len(sleeps) == 2:  # the signal arrives during the second backoff
+        if len(sleeps) == 5:  # the first second of the fourth backoff (4 s) has passed
             ingestor.request_stop("SIGTERM")
 
     ingestor, metrics = make(
@@ -97,19 +98,56 @@ def test_a_stop_request_bounds_the_retries_of_a_failing_commit(tmp_path: Path) -
         sleep=sleep,
         clock=lambda: now[0],
         max_commit_retries="100",
-        retry_after_stop_s="5",
+        retry_after_stop_s="2",
     )
     with pytest.raises(FatalError) as raised:
         ingestor.run(until_caught_up=True)
 
     assert str(raised.value).startswith(
-        "commit (caught_up) still failing 5 s after the stop request (ingest.retry_after_stop_s), giving up"
+        "commit (caught_up) still failing 2 s after the stop request (ingest.retry_after_stop_s), giving up"
     )
-    assert sleeps == [0.5, 1.0, 2.0, 3.0]  # the stop came at 101.5: 2 s, then the 3 s left of the 5
+    # Backoffs of 0.5, 1, 2 and 4 s, slept in slices of 1 s; the stop at 104.5 leaves the fourth 2 s more.
+    assert sleeps == [0.5, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]
+    assert now[0] == 106.5
     assert DeltaTable(str(tmp_path / "t")).transaction_version("t-0") is None
     assert source.group_offsets == []
     assert ingestor.status().state == "failed"
     assert metrics.registry.get_sample_value("kafka2delta_storage_retries_total") == 5
+
+
+class FailingSource(FakeSource):
+    """A source whose consume fails once the first batch is taken, until the stop request."""
+
+    def consume(self, max_messages: int, timeout: float) -> ConsumedBatch:
+        if not self.batches:
+            raise RetryableError("broker unreachable")
+        return super().consume(max_messages, timeout)
+
+
+def test_a_stop_while_consume_fails_still_commits_what_is_buffered(tmp_path: Path) -> None:
+    """The broker fails after a batch was buffered; a stop during consume's retries ends them at the next try, and
+    the shutdown flush commits the buffered batch: consume does not use up the retry time after the stop."""
+    writer = DeltaWriter.open(str(tmp_path / "t"), {}, TXN.main, "snappy", 10, SCHEMA)
+    source = FailingSource([batch(0, 0, 10)], [0], high=1_000)
+    now = [100.0]
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+        ingestor.request_stop("SIGTERM")
+
+    ingestor, _ = make(
+        tmp_path,
+        source,
+        writer,
+        RecordingDeadLetters(tmp_path),
+        sleep=sleep,
+        clock=lambda: now[0],
+        retry_after_stop_s="0",
+    )
+    ingestor.run()
+
+    assert DeltaTable(str(tmp_path / "t")).transaction_version("t-0") == 9
+    assert ingestor.status().state == "stopped"
 
 
 def test_conflict_drops_the_moved_partition_and_commits_the_other(tmp_path: Path) -> None:
