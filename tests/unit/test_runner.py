@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from prometheus_client import generate_latest
 
 from kafka2delta.dead_letters import DeadLetterTable
 from kafka2delta.errors import FatalError, RetryableError
+from kafka2delta.metrics import Metrics
 from kafka2delta.offsets import LogicalOffset, TxnIds
 from kafka2delta.records import ConsumedBatch, DeadLetter, OffsetRange, PartitionMessages, TopicPartition
 from kafka2delta.runner import Ingestor
@@ -73,6 +75,13 @@ def test_storage_error_is_retried_without_rewriting_or_rerecording(tmp_path: Pat
     assert 'kafka2delta_messages_dead_lettered_total{stage="deserialize",topic="t"} 2.0' in text
 
 
+def make_timed(
+    tmp_path: Path, source: FakeSource, writer: Any, sleep: Callable[[float], None], now: list[float], **ingest: str
+) -> tuple[Ingestor, Metrics]:
+    """The loop of ``make`` on a hand-moved clock (``now[0]``), its backoff sleeping through ``sleep``."""
+    return make(tmp_path, source, writer, RecordingDeadLetters(tmp_path), sleep=sleep, clock=lambda: now[0], **ingest)
+
+
 def test_a_stop_request_bounds_the_retries_of_a_failing_commit(tmp_path: Path) -> None:
     """SIGTERM while storage refuses every commit, in the middle of a 4-s backoff: the retries go on for
     ``ingest.retry_after_stop_s`` more (that backoff cut short), then the daemon gives up naming the key, having
@@ -90,15 +99,8 @@ def test_a_stop_request_bounds_the_retries_of_a_failing_commit(tmp_path: Path) -
         if len(sleeps) == 5:  # the first second of the fourth backoff (4 s) has passed
             ingestor.request_stop("SIGTERM")
 
-    ingestor, metrics = make(
-        tmp_path,
-        source,
-        writer,
-        RecordingDeadLetters(tmp_path),
-        sleep=sleep,
-        clock=lambda: now[0],
-        max_commit_retries="100",
-        retry_after_stop_s="2",
+    ingestor, metrics = make_timed(
+        tmp_path, source, writer, sleep, now, max_commit_retries="100", retry_after_stop_s="2"
     )
     with pytest.raises(FatalError) as raised:
         ingestor.run(until_caught_up=True)
@@ -116,7 +118,7 @@ def test_a_stop_request_bounds_the_retries_of_a_failing_commit(tmp_path: Path) -
 
 
 class FailingSource(FakeSource):
-    """A source whose consume fails once the first batch is taken, until the stop request."""
+    """A source whose consume fails once its batches are served."""
 
     def consume(self, max_messages: int, timeout: float) -> ConsumedBatch:
         if not self.batches:
@@ -135,15 +137,7 @@ def test_a_stop_while_consume_fails_still_commits_what_is_buffered(tmp_path: Pat
         now[0] += seconds
         ingestor.request_stop("SIGTERM")
 
-    ingestor, _ = make(
-        tmp_path,
-        source,
-        writer,
-        RecordingDeadLetters(tmp_path),
-        sleep=sleep,
-        clock=lambda: now[0],
-        retry_after_stop_s="0",
-    )
+    ingestor, _ = make_timed(tmp_path, source, writer, sleep, now, retry_after_stop_s="0")
     ingestor.run()
 
     assert DeltaTable(str(tmp_path / "t")).transaction_version("t-0") == 9
