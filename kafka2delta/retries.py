@@ -42,7 +42,6 @@ class Retrier:
         board: StatusBoard,
         sleep: Callable[[float], None],
         clock: Callable[[], float],
-        stop_requested_at: Callable[[], float | None],
     ) -> None:
         self._max_retries = max_retries
         self._retry_after_stop_s = retry_after_stop_s
@@ -50,7 +49,13 @@ class Retrier:
         self._board = board
         self._sleep = sleep
         self._clock = clock
-        self._stop_requested_at = stop_requested_at  # the loop's clock reading at the stop request, or None
+        self._stop_deadline: float | None = None  # when retrying ends, once a stop was requested
+
+    def stop_requested(self) -> None:
+        """From now on, retry for ``retry_after_stop_s`` at most. Safe in a signal handler: it reads the clock
+        (no lock) and sets a field, once."""
+        if self._stop_deadline is None:
+            self._stop_deadline = self._clock() + self._retry_after_stop_s
 
     def run(self, what: str, operation: Callable[[], T]) -> T:
         """``operation()``, retried while it raises RetryableError; ``what`` names it in logs and errors."""
@@ -89,7 +94,4 @@ class Retrier:
 
     def _left_after_stop(self) -> float:
         """Seconds of retrying left since the stop request (infinite while none came)."""
-        stopped_at = self._stop_requested_at()
-        if stopped_at is None:
-            return math.inf
-        return stopped_at + self._retry_after_stop_s - self._clock()
+        return math.inf if self._stop_deadline is None else self._stop_deadline - self._clock()

@@ -110,7 +110,6 @@ class Ingestor:
         self._reached: dict[TopicPartition, int] = {}
         self._in_rebalance = False
         self._stop_requested: str | None = None  # what asked for the stop (a signal's name), once one did
-        self._stop_requested_at: float | None = None  # the clock then: retries after it are bounded
         self._failed = False
         # What /healthz, /readyz and the status page show: written here, read by the HTTP threads.
         self._board = StatusBoard(
@@ -131,7 +130,6 @@ class Ingestor:
             board=self._board,
             sleep=sleep,
             clock=clock,
-            stop_requested_at=lambda: self._stop_requested_at,
         )
         self._tables = Tables(
             routes=routes if routes is not None else Routes(config),
@@ -164,12 +162,11 @@ class Ingestor:
 
     def request_stop(self, by: str = "a stop request") -> None:
         """Stop fetching; the loop flushes, commits and returns (SIGTERM/SIGINT). Safe in a signal handler: it
-        only sets two fields (the stop, and the clock's reading for the retries after it; reading it takes no lock).
+        only sets fields (the stop, and the retrier's deadline from the clock's reading, which takes no lock).
         The handler interrupts the loop wherever it is, perhaps inside the status board's lock or halfway through
         writing a log line; taking that lock again would hang, and logging again raises ("reentrant call"), losing
         the stop. The loop says it and updates the board once it sees the field."""
-        if self._stop_requested is None:
-            self._stop_requested_at = self._clock()
+        self._retrier.stop_requested()
         self._stop_requested = by
 
     def stopping(self) -> bool:

@@ -158,13 +158,17 @@ def batch(partition: int, first: int, count: int, bad_every: int = 0) -> Consume
     return ConsumedBatch(partitions={TopicPartition("t", partition): messages})
 
 
+def no_sleep(seconds: float) -> None:
+    """Backoff that does not wait (unit tests)."""
+
+
 def make(
     tmp_path: Path,
     source: Source,
     writer: TableWriter,
     sink: DeadLetterStore,
     *,
-    sleep: Callable[[float], None] | None = None,
+    sleep: Callable[[float], None] = no_sleep,
     clock: Callable[[], float] = time.monotonic,
     **ingest: str,
 ) -> tuple[Ingestor, Metrics]:
@@ -179,7 +183,6 @@ def make(
     environ.update({f"K2D_INGEST__{key.upper()}": value for key, value in ingest.items()})
     config = load_config(None, environ=environ)
     metrics = Metrics()
-    sleeps: list[float] = []
     pipeline = Pipeline(build_deserializer(FormatConfig(), None, "t"), SCHEMA)
     ingestor = Ingestor(
         config,
@@ -187,7 +190,7 @@ def make(
         tables=lambda spec: OpenedTable(writer=writer, pipeline=pipeline),
         dead_letters=sink,
         metrics=metrics,
-        sleep=sleep or sleeps.append,
+        sleep=sleep,
         clock=clock,
     )
     return ingestor, metrics
@@ -209,7 +212,7 @@ def ingest_until_caught_up(
         metrics=metrics,
         router=(lambda: build_router(config)) if config.routing.expression else None,
         dead_letter_opener=lambda uri: open_dead_letters(config, routes, uri),
-        sleep=lambda seconds: None,
+        sleep=no_sleep,
     )
     ingestor.run(until_caught_up=True)
     return metrics
