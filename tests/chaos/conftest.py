@@ -22,27 +22,9 @@ from typing import Any
 
 import pytest
 
-from tests.support.chaos import (
-    FORM,
-    ChaosResult,
-)
+from tests.support.chaos import FORM, ChaosResult
 
 RESULTS = Path(__file__).resolve().parent / "results"
-
-
-# --- poison ----------------------------------------------------------------------------------
-
-
-# --- producing while faults happen -----------------------------------------------------------
-
-
-# --- the checker -------------------------------------------------------------------------------
-
-
-# --- scenarios' shared steps ----------------------------------------------------------------
-
-
-# --- results -------------------------------------------------------------------------------
 
 
 @pytest.hookimpl(wrapper=True)
