@@ -21,7 +21,7 @@ $(VENV)/.installed: pyproject.toml
 ## (pytest-xdist; each worker starts its own broker; tests/conftest.py hands out the tests by what they share)
 TEST_WORKERS ?= 2
 test: install
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=10
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --durations=10
 
 unit: install
 	$(PY) -m pytest -q tests/unit

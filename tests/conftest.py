@@ -1,11 +1,12 @@
 """Shared fixtures. Integration tests get a real Kafka broker (KRaft, from Maven Central jars)
-started once per session on free loopback ports, unless K2D_TEST_BOOTSTRAP_SERVERS names one, and,
-when a test asks for it, a real schema registry (Apicurio Registry, Confluent-compatible API) the
-same way, unless K2D_TEST_SCHEMA_REGISTRY_URL names one; for change data capture, PostgreSQL
-(logical decoding on) unless K2D_TEST_POSTGRES_DSN names one, and a Kafka Connect worker with the
-Debezium PostgreSQL connector on that broker unless K2D_TEST_CONNECT_URL names one; and the
-factories of the real-broker tests (integration, Spark, chaos): topics, set-ups (topic + table +
-config file) and daemon subprocesses."""
+started once per session (once per worker under `make test`'s pytest-xdist) on free loopback
+ports, unless K2D_TEST_BOOTSTRAP_SERVERS names one, and, when a test asks for it, a real schema
+registry (Apicurio Registry, Confluent-compatible API) the same way, unless
+K2D_TEST_SCHEMA_REGISTRY_URL names one; for change data capture, PostgreSQL (logical decoding on)
+unless K2D_TEST_POSTGRES_DSN names one, and a Kafka Connect worker with the Debezium PostgreSQL
+connector on that broker unless K2D_TEST_CONNECT_URL names one; and the factories of the
+real-broker tests (integration, Spark, chaos): topics, set-ups (topic + table + config file) and
+daemon subprocesses."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from xdist.scheduler import LoadScopeScheduling
 
 from dev.connect.connect import ConnectClient, LocalConnect
 from dev.k8s_tools import ToolError
@@ -164,30 +166,48 @@ def daemon_factory(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
             daemon.process.wait()
 
 
-# Under `make test` (pytest-xdist, `-n 2 --dist loadgroup`) each worker is a pytest session with its own broker,
-# so the tests are handed out in units that share what is slow to start: every Spark test in the worker that
-# started Spark; every test on PostgreSQL + Kafka Connect in the worker that started them; the rest a module at a
-# time (module fixtures start once). The two big units go first, one to each worker; the unit tests, many and
-# short, come last and even out the finish.
+# Under `make test` (pytest-xdist, `-n 2`) each worker is a pytest session with its own broker, so the tests are
+# handed out in units that share what is slow to start: every Spark test to the worker that started Spark, every
+# test on PostgreSQL + Kafka Connect to the worker that started those, the rest a module at a time (module fixtures
+# start once). The two big units go first, one to each worker; the unit tests, many and short, come last (they
+# are collected last) and even out the finish. (xdist's own `--dist loadgroup` marks do not group under pytest 9.2.)
 SPARK_UNIT, CDC_UNIT = "spark", "postgres-and-connect"
+CDC_MODULES = frozenset(
+    {"tests/chaos/test_apply_changes.py", "tests/chaos/test_replication.py", "tests/integration/test_cdc_pipeline.py"}
+)
+CDC_FIXTURES = frozenset({"postgres", "kafka_connect"})
 
 
-def _work_unit(item: pytest.Item) -> str:
-    if item.nodeid.startswith("tests/spark/"):
+def work_unit(nodeid: str) -> str:
+    module = nodeid.split("::", 1)[0]
+    if module.startswith("tests/spark/"):
         return SPARK_UNIT
-    if {"postgres", "kafka_connect"} & set(getattr(item, "fixturenames", ())):
-        return CDC_UNIT
-    return item.nodeid.split("::")[0]
+    return CDC_UNIT if module in CDC_MODULES else module
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which turns the marks into work units
+class SharedStartScheduling(LoadScopeScheduling):  # type: ignore[misc]  # xdist ships no types
+    """xdist's scope scheduling, with :func:`work_unit` as the scope, in collection order."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        return work_unit(nodeid)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> SharedStartScheduling | None:
+    if config.getvalue("dist") != "load":  # `-n N` alone; an explicit --dist keeps xdist's own
+        return None
+    config.option.loadscopereorder = False  # collection order: the big units first
+    return SharedStartScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if not config.getoption("loadgroup", False):
+    if not hasattr(config, "workerinput"):  # not an xdist worker
         return
     for item in items:
-        item.add_marker(pytest.mark.xdist_group(_work_unit(item)))
+        module = item.nodeid.split("::", 1)[0]
+        if CDC_FIXTURES & set(getattr(item, "fixturenames", ())) and module not in CDC_MODULES:
+            raise pytest.UsageError(f"{module} starts PostgreSQL/Kafka Connect: add it to CDC_MODULES in {__file__}")
     first = {SPARK_UNIT: 0, CDC_UNIT: 1}
-    items.sort(key=lambda item: first.get(_work_unit(item), 2))
+    items.sort(key=lambda item: first.get(work_unit(item.nodeid), 2))
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

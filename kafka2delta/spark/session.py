@@ -9,11 +9,13 @@ Delta session settings are added (they must be set before the first SparkSession
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import glob
 import importlib.metadata
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -130,6 +132,25 @@ def under_spark_submit() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
+DEFAULT_IVY_DIR = "~/.ivy2.5.2"
+"""Where Spark 4's Ivy keeps what ``spark.jars.packages`` fetched, unless ``spark.jars.ivy`` says otherwise."""
+
+
+@contextlib.contextmanager
+def resolving_alone(settings: Mapping[str, str]) -> Iterator[None]:
+    """Hold a file lock in the Ivy directory while a session that fetches ``spark.jars.packages`` starts: Ivy
+    takes no lock of its own, so two jobs starting at once on a new machine (two pytest workers, two cron jobs on
+    one host) would download into the same cache files and one would read a jar the other is still writing."""
+    if not settings.get("spark.jars.packages"):
+        yield
+        return
+    ivy_dir = Path(settings.get("spark.jars.ivy") or DEFAULT_IVY_DIR).expanduser()
+    ivy_dir.mkdir(parents=True, exist_ok=True)
+    with open(ivy_dir / ".kafka2delta-resolve.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        yield
+
+
 def get_session(config: SparkConfig, *, master: str | None, conf: Mapping[str, str], app_name: str) -> SparkSession:
     """The active SparkSession if there is one (tests, notebooks), else a new one."""
     from py4j.protocol import Py4JError
@@ -146,10 +167,12 @@ def get_session(config: SparkConfig, *, master: str | None, conf: Mapping[str, s
     if master or not submitted:
         builder = builder.master(master or config.master)
     effective_master = master or ("" if submitted else config.master)
-    for key, value in session_conf(config, conf, submitted=submitted, master=effective_master).items():
+    settings = session_conf(config, conf, submitted=submitted, master=effective_master)
+    for key, value in settings.items():
         builder = builder.config(key, value)
     try:
-        session = builder.getOrCreate()
+        with resolving_alone(settings):
+            session = builder.getOrCreate()
     except (PySparkException, Py4JError, OSError) as exc:
         where = "spark.jars" if config.jars else "spark.packages / Maven Central (Ivy)"
         raise FatalError(

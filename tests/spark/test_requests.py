@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import fcntl
+from pathlib import Path
 
 import pytest
 
@@ -10,7 +12,7 @@ from kafka2delta.config import SparkConfig, load_config
 from kafka2delta.errors import ConfigError
 from kafka2delta.spark.errors import ConflictingCommit, SparkJobError, translate
 from kafka2delta.spark.mutations import group_requests, parse_mutation, parse_subject
-from kafka2delta.spark.session import maven_packages, parse_conf, session_conf
+from kafka2delta.spark.session import maven_packages, parse_conf, resolving_alone, session_conf
 
 SCHEMA = {"id": "string", "lead_id": "string", "contact_id": "string", "n": "bigint", "meta": "struct<a:int>"}
 
@@ -127,6 +129,19 @@ def test_session_conf_online_offline_and_overrides(tmp_path: object) -> None:
     assert parse_conf(["a=b", "c=d=e"]) == {"a": "b", "c": "d=e"}
     with pytest.raises(ConfigError, match="--conf"):
         parse_conf(["novalue"])
+
+
+def test_a_session_that_fetches_packages_starts_alone(tmp_path: Path) -> None:
+    """Two sessions fetching jars into one Ivy directory take turns: the second waits for the first's lock."""
+    ivy = tmp_path / "ivy"
+    online = {"spark.jars.packages": ",".join(maven_packages()), "spark.jars.ivy": str(ivy)}
+    with resolving_alone(online), open(ivy / ".kafka2delta-resolve.lock") as other, pytest.raises(BlockingIOError):
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    with open(ivy / ".kafka2delta-resolve.lock") as other:
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released once the session started
+    offline = tmp_path / "offline-ivy"
+    with resolving_alone({"spark.jars": "/opt/jars/delta.jar", "spark.jars.ivy": str(offline)}):
+        assert not offline.exists()  # nothing fetched, nothing locked
 
 
 def test_spark_errors_are_translated() -> None:
