@@ -121,13 +121,22 @@ class MavenRun(NamedTuple):
         )
 
 
+def maven_repository() -> Path:
+    """The Maven repository of these fetches: $K2D_MAVEN_REPO, else ``~/.cache/kafka2delta/maven-repository``.
+    Not ``~/.m2/repository``: Spark's Ivy looks there before Maven Central, and a jar Maven is still fetching (its
+    POM already written) fails a Spark session that starts at that moment ("NOT FOUND … local-m2-cache")."""
+    return cache_dir("K2D_MAVEN_REPO", "maven-repository")
+
+
 def mvn_copy_dependencies(pom: Path, output_dir: Path, *options: str, fetches: str) -> MavenRun:
-    """Run ``mvn -q -B -f POM dependency:copy-dependencies [OPTIONS] -DoutputDirectory=DIR``; never raises on
-    mvn's exit code (the caller checks what it needed, then uses :meth:`MavenRun.error`)."""
+    """Run ``mvn -q -B -f POM dependency:copy-dependencies [OPTIONS] -DoutputDirectory=DIR`` with
+    :func:`maven_repository`; never raises on mvn's exit code (the caller checks what it needed, then uses
+    :meth:`MavenRun.error`)."""
     mvn = shutil.which("mvn")
     if mvn is None:
         raise RuntimeError(f"mvn not found on PATH; it is needed once to fetch {fetches}")
-    cmd = [mvn, "-q", "-B", "-f", str(pom), "dependency:copy-dependencies", *options, f"-DoutputDirectory={output_dir}"]
+    cmd = [mvn, "-q", "-B", "-f", str(pom), f"-Dmaven.repo.local={maven_repository()}"]
+    cmd += ["dependency:copy-dependencies", *options, f"-DoutputDirectory={output_dir}"]
     return MavenRun(cmd, subprocess.run(cmd, capture_output=True, text=True, check=False))
 
 
