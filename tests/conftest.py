@@ -178,8 +178,12 @@ CDC_MODULES = frozenset(
 CDC_FIXTURES = frozenset({"postgres", "kafka_connect"})
 
 
+def module_of(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
 def work_unit(nodeid: str) -> str:
-    module = nodeid.split("::", 1)[0]
+    module = module_of(nodeid)
     if module.startswith("tests/spark/"):
         return SPARK_UNIT
     return CDC_UNIT if module in CDC_MODULES else module
@@ -203,7 +207,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if not hasattr(config, "workerinput"):  # not an xdist worker
         return
     for item in items:
-        module = item.nodeid.split("::", 1)[0]
+        module = module_of(item.nodeid)
         if CDC_FIXTURES & set(getattr(item, "fixturenames", ())) and module not in CDC_MODULES:
             raise pytest.UsageError(f"{module} starts PostgreSQL/Kafka Connect: add it to CDC_MODULES in {__file__}")
     first = {SPARK_UNIT: 0, CDC_UNIT: 1}
