@@ -13,12 +13,15 @@ from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from kafka2delta.changes import DELETE_FLAG, ChangeOptions
+from kafka2delta.encoded_rows import DATA_ERRORS
 from kafka2delta.errors import RetryableError, RowsRejected, TableNotCreated
 from kafka2delta.records import OffsetRange, TopicPartition
-from kafka2delta.writer import DATA_ERRORS, DeltaWriter, LegacyTxnId, TxnId, rejected_rows
+from kafka2delta.writer import DeltaWriter, LegacyTxnId, TxnId, rejected_rows
 
 if TYPE_CHECKING:
     from deltalake.transaction import AddAction
+
+    from kafka2delta.encoded_rows import EncodedFile
 
 
 class DeferredTable:
@@ -70,6 +73,9 @@ class DeferredTable:
 
     def write_files(self, tp: TopicPartition, offsets: OffsetRange, rows: pa.Table) -> list[AddAction]:
         return self._created(rows.schema).write_files(tp, offsets, rows)
+
+    def put_file(self, tp: TopicPartition, offsets: OffsetRange, encoded: EncodedFile) -> list[AddAction]:
+        return self._created(encoded.schema).put_file(tp, offsets, encoded)
 
     def check_rows(self, rows: pa.Table) -> None:
         try:

@@ -22,6 +22,8 @@ from kafka2delta.records import ConsumedBatch, DeadLetter, OffsetRange, TopicPar
 if TYPE_CHECKING:
     from deltalake.transaction import AddAction
 
+    from kafka2delta.encoded_rows import EncodedFile
+
 
 class RebalanceListener(Protocol):
     """What the source calls back inside ``consume`` when the group's assignment changes."""
@@ -91,6 +93,10 @@ class TableWriter(Protocol):
 
     def write_files(self, tp: TopicPartition, offsets: OffsetRange, rows: pa.Table) -> list[AddAction]:
         """Parquet files for the rows of one Kafka partition; RowsRejected names rows Parquet refuses."""
+        ...
+
+    def put_file(self, tp: TopicPartition, offsets: OffsetRange, encoded: EncodedFile) -> list[AddAction]:
+        """Put a file encoded while its rows were buffered (unpartitioned tables); RetryableError."""
         ...
 
     def check_rows(self, rows: pa.Table) -> None:

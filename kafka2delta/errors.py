@@ -6,6 +6,7 @@
      ├── ConfigError          bad configuration; the CLI exits with code 2
      ├── MessageError         one message cannot be handled; it becomes a dead letter (with its stage)
      ├── RowsRejected         Parquet refused particular rows of a batch; they become dead letters (stage write)
+     ├── RowGroupRefused      Parquet refused rows encoded while buffered; read the partition again, rows kept as Arrow
      ├── RetryableError       storage or broker hiccup; back off and retry, offsets stay put
      ├── CommitConflict       another writer moved a partition's txn version; resync from the log
      ├── SchemaChanged        someone else changed the table's schema; rebuild the stages and replay
@@ -14,7 +15,7 @@
 
 Third-party exceptions are caught only in the edge that calls the library, and re-raised as one of
 these with ``raise ... from exc``: ``kafka.py`` (confluent-kafka: the consumer and the dead-letter
-producer), ``writer.py`` (deltalake, Parquet, pyarrow's file systems),
+producer), ``writer.py`` (deltalake, Parquet, pyarrow's file systems), ``encoded_rows.py`` (Parquet, in memory),
 ``registry.py`` (HTTP), ``coordinator.py`` (ZooKeeper, lock files), ``status.py`` (the HTTP server),
 ``verify.py`` (the independent checker reads the topic and the tables with clients of its own) and
 ``spark/`` (PySpark and py4j). The pure stages only raise these.
@@ -60,6 +61,18 @@ class RowsRejected(Kafka2DeltaError):
         super().__init__(f"{len(failures)} rows could not be written as Parquet")
         self.failures = failures
         """(row position in the batch, the error) per refused row."""
+
+
+class RowGroupRefused(Kafka2DeltaError):
+    """Parquet refused a row group encoded while it was buffered (:mod:`kafka2delta.encoded_rows`). The groups
+    encoded before it are lost with the writer, so the loop reads the partition again from its tables' versions
+    and keeps the lane's rows as Arrow until their commit, which finds the rows at fault (dead letters)."""
+
+    def __init__(self, reason: str, tp: TopicPartition | None = None, table: str = "") -> None:
+        super().__init__(reason if tp is None else f"{tp} → {table}: {reason}")
+        self.reason = reason
+        self.tp = tp
+        self.table = table
 
 
 class RetryableError(Kafka2DeltaError):

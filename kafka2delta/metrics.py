@@ -36,6 +36,7 @@ DURATION_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0
 LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
 ROWS_BUCKETS = (1, 10, 100, 1_000, 10_000, 100_000, 1_000_000, 10_000_000)
 FILE_SIZE_BUCKETS = tuple(float(1024 * 4**i) for i in range(11))  # 1 KiB … 1 GiB
+_LATENCY_SLICE_ROWS = 65_536
 
 METRIC_NAMES = (
     "kafka2delta_messages_consumed_total",
@@ -409,10 +410,18 @@ class Metrics:
         self._last_commit = now
 
     def _observe_latency(self, topic: str, table: str, timestamps_ms: Sequence[pa.Array], wall: float) -> None:
-        arrays = [a for a in timestamps_ms if len(a)]
-        if not arrays:
-            return
-        stamps = pa.chunked_array(arrays, pa.int64())
+        # A slice at a time: a catch-up's flush (1M+ rows) in one go took ~50 MB of temporary arrays at the
+        # moment its buffers were still held, the daemon's peak RSS.
+        pieces: list[pa.Array] = []
+        rows = 0
+        for index, array in enumerate(timestamps_ms):
+            pieces.append(array)
+            rows += len(array)
+            if rows >= _LATENCY_SLICE_ROWS or index == len(timestamps_ms) - 1:
+                self._observe_latency_slice(topic, table, pa.chunked_array(pieces, pa.int64()), wall)
+                pieces, rows = [], 0
+
+    def _observe_latency_slice(self, topic: str, table: str, stamps: pa.ChunkedArray, wall: float) -> None:
         stamps = stamps.filter(pc.greater(stamps, 0))  # -1: the message had no timestamp
         if not len(stamps):
             return

@@ -38,7 +38,7 @@ from kafka2delta.committer import PendingCommit
 from kafka2delta.config import Config
 from kafka2delta.coordinator import Turn
 from kafka2delta.edges import DeadLetterProducer, DeadLetterStore, Source
-from kafka2delta.errors import CommitConflict, RetryableError, SchemaChanged, TableNotCreated
+from kafka2delta.errors import CommitConflict, RetryableError, RowGroupRefused, SchemaChanged, TableNotCreated
 from kafka2delta.metrics import Metrics
 from kafka2delta.offsets import LogicalOffset, start_position
 from kafka2delta.positions import Positions
@@ -252,11 +252,16 @@ class Ingestor:
                 room = self._buffers.room(tp)
                 piece, fresh = (fresh, fresh.select([])) if len(fresh) <= room else fresh.split(room)
                 outcomes = self._process(piece, state)
-                for uri, processed in outcomes.items():
-                    self._metrics.skipped(tp.topic, tp.partition, "empty", processed.skipped_empty)
-                    self._metrics.skipped(tp.topic, tp.partition, "filtered", processed.skipped_filtered)
-                    self._metrics.unknown_fields(tp.topic, processed.unknown_fields)
-                    self._buffers.add(processed, len(piece), now, uri)
+                try:
+                    for uri, processed in outcomes.items():
+                        self._metrics.skipped(tp.topic, tp.partition, "empty", processed.skipped_empty)
+                        self._metrics.skipped(tp.topic, tp.partition, "filtered", processed.skipped_filtered)
+                        self._metrics.unknown_fields(tp.topic, processed.unknown_fields)
+                        row_groups = self._tables[uri].row_groups(self._config.ingest)
+                        self._buffers.add(processed, len(piece), now, uri, row_groups)
+                except RowGroupRefused as refused:
+                    self._row_group_refused(refused)
+                    break
                 state.position = piece.offsets[-1]
                 self._progress.taken(len(piece))
                 if self._buffers.room(tp) == 0:
@@ -523,6 +528,8 @@ class Ingestor:
                         dropped.messages if dropped else 0,
                     )
                     self._resync(tp)
+            except RowGroupRefused as refused:
+                self._row_group_refused(refused, pending)
             except SchemaChanged as changed:
                 self._schema_changed(changed, table, pending)
             except TableNotCreated as exc:
@@ -556,6 +563,15 @@ class Ingestor:
         for tp in self._buffers.partitions():
             if table.spec.uri in self._buffers.tables_of(tp):
                 self._resync(tp)
+
+    def _row_group_refused(self, refused: RowGroupRefused, pending: PendingCommit | None = None) -> None:
+        """Parquet refused a row group encoded while buffered: the lane's encoded rows went with the writer."""
+        assert refused.tp is not None
+        if pending is not None:
+            pending.drop(refused.tp)
+        logger.warning("%s; reading the partition again, its rows kept as Arrow until their commit", refused)
+        self._buffers.keep_plain(refused.tp, refused.table)
+        self._resync(refused.tp)
 
     # --- positions --------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ from kafka2delta.committer import Committer
 from kafka2delta.config import IngestConfig
 from kafka2delta.coordinator import Coordinator
 from kafka2delta.edges import DeadLetterProducer, DeadLetterStore, TableWriter
+from kafka2delta.encoded_rows import RowGroups
 from kafka2delta.metrics import Metrics
 from kafka2delta.pacing import CommitPacer
 from kafka2delta.pipeline import Pipeline
@@ -56,6 +57,14 @@ class TableSink:
     @property
     def name(self) -> str:
         return self.spec.name
+
+    def row_groups(self, ingest: IngestConfig) -> RowGroups | None:
+        """How this table's lanes encode rows while buffered: only an unpartitioned append table's (a partitioned
+        one splits a flush into a file per value, an upsert table's MERGE takes Arrow rows); None: at the flush."""
+        changes = self.spec.changes
+        if not ingest.row_group_rows or self.spec.partition_by or (changes is not None and changes.upsert):
+            return None
+        return RowGroups(ingest.compression, ingest.row_group_rows)
 
 
 @dataclass(kw_only=True)

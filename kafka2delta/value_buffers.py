@@ -1,15 +1,20 @@
 """Buffers of coerced rows, one per partition and table, and the flush decision (pure; the clock is passed in).
 
 A buffer also tracks the offsets of messages that became dead letters or skips: they advance the
-partition's txn version in the next commit even when they add no row.
+partition's txn version in the next commit even when they add no row. A lane of an unpartitioned append table
+encodes its rows into its next file's Parquet row groups as they arrive (:mod:`kafka2delta.encoded_rows`), so
+what it holds is mostly compressed.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import pyarrow as pa
 
+from kafka2delta.encoded_rows import EncodedFile, EncodedRows, RowGroups
+from kafka2delta.errors import RowGroupRefused
 from kafka2delta.records import DeadLetter, ProcessedPartition, TopicPartition
 from kafka2delta.schema import conform
 
@@ -23,7 +28,17 @@ class PartitionBuffer:
     last_offset: int
     first_arrival: float
     tables: list[pa.Table] = field(default_factory=list)
-    row_offsets: list[pa.Array] = field(default_factory=list)
+    """The rows not encoded yet (all of them for a lane that does not encode), in arrival order after ``encoded``."""
+    encoded: EncodedRows | None = None
+    """The rows encoded so far into the next file's row groups (the first rows)."""
+    encodable: bool = True
+    """False once a piece came with another schema than the encoded rows' (the flush conforms them as Arrow)."""
+    pending_rows: int = 0
+    pending_nbytes: int = 0
+    """Rows in ``tables`` and their Arrow bytes."""
+    row_offsets: list[pa.Array | range] = field(default_factory=list)
+    """The Kafka offset of each buffered row, a piece at a time; a piece holding every offset of its span is a
+    ``range`` (8 bytes a row less: a catch-up's flush holds over a million rows)."""
     row_timestamps_ms: list[pa.Array] = field(default_factory=list)
     """The Kafka timestamp (epoch ms) of each buffered row, aligned with ``row_offsets`` when every piece had them."""
     row_deletes: list[pa.Array] = field(default_factory=list)
@@ -32,17 +47,58 @@ class PartitionBuffer:
     messages: int = 0
     rows: int = 0
     nbytes: int = 0
+    """Arrow bytes of every buffered row, encoded or not (the size of the file, uncompressed)."""
     max_timestamp_ms: int = 0
     filtered: int = 0
     unknown_fields: int = 0
 
+    @property
+    def held_bytes(self) -> int:
+        """The memory the rows take: their encoded bytes and the Arrow bytes of the rest."""
+        return (self.encoded.nbytes if self.encoded is not None else 0) + self.pending_nbytes
+
     def to_table(self, schema: pa.Schema) -> pa.Table:
         """The buffered rows in ``schema`` (pieces buffered before a column was added get nulls)."""
-        return pa.concat_tables([conform(t, schema) for t in self.tables]) if self.tables else schema.empty_table()
+        pieces = ([self.encoded.read()] if self.encoded is not None else []) + self.tables
+        return pa.concat_tables([conform(t, schema) for t in pieces]) if pieces else schema.empty_table()
+
+    def encode(self, groups: RowGroups) -> None:
+        """Encode the rows not encoded yet as the next row group once they fill one. Raises
+        :class:`RowGroupRefused` (the rows encoded before are then lost: the lane must be read again)."""
+        if self.pending_rows >= groups.rows or self.pending_nbytes >= groups.nbytes:
+            self._encode_pending(groups.compression)
+
+    def encoded_file(self, schema: pa.Schema) -> EncodedFile | None:
+        """The whole file, the rows left encoded as its last row group, when every row could be encoded in
+        ``schema``; None: the flush writes the rows as Arrow. Raises :class:`RowGroupRefused`."""
+        if self.encoded is None:
+            return None
+        self._encode_pending(self.encoded.compression)
+        if self.tables or not self.encoded.schema.equals(schema):
+            return None
+        return self.encoded.finish()
+
+    def _encode_pending(self, compression: str) -> None:
+        if not self.encodable or not self.tables:
+            return
+        schema = self.encoded.schema if self.encoded is not None else self.tables[0].schema
+        if any(not piece.schema.equals(schema) for piece in self.tables):
+            self.encodable = False  # a column was added meanwhile: the flush conforms every row as Arrow
+            return
+        group = pa.concat_tables(self.tables)
+        if self.encoded is None:
+            self.encoded = EncodedRows.start(group, compression)
+        else:
+            self.encoded.add(group)
+        self.tables, self.pending_rows, self.pending_nbytes = [], 0, 0
 
     def offsets(self) -> pa.Array:
         """The Kafka offset of each buffered row, aligned with :meth:`to_table`."""
-        return pa.concat_arrays(self.row_offsets) if self.row_offsets else pa.array([], pa.int64())
+        pieces = [
+            pa.array(np.arange(p.start, p.stop, dtype=np.int64)) if isinstance(p, range) else p
+            for p in self.row_offsets
+        ]
+        return pa.concat_arrays(pieces) if pieces else pa.array([], pa.int64())
 
     def timestamps(self) -> pa.Array | None:
         """The Kafka timestamp of each buffered row, aligned with :meth:`to_table`; None when a piece had none."""
@@ -62,6 +118,8 @@ class PartitionBuffer:
         self.row_timestamps_ms = [stamps.take(keep)] if stamps is not None else []
         self.row_deletes = [self.deletes().take(keep)] if self.row_deletes else []
         self.tables, self.row_offsets, self.rows = [table], [offsets], table.num_rows
+        self.encoded, self.encodable = None, False  # written as Arrow, as it was checked
+        self.pending_rows, self.pending_nbytes = table.num_rows, table.nbytes
 
 
 @dataclass(frozen=True)
@@ -98,6 +156,8 @@ class ValueBuffers:
         self._buffers: dict[Lane, PartitionBuffer] = {}
         self._latency: dict[str, float] = {}
         """Tables whose commits wait longer than ``allowed_latency_s`` (a commit budget shared with other writers)."""
+        self._plain: set[Lane] = set()
+        """Lanes whose rows stay Arrow until their next commit (Parquet refused one of their row groups)."""
 
     def set_latency(self, table: str, seconds: float) -> None:
         """How long ``table``'s buffers may wait from now on (``allowed_latency_s`` or longer)."""
@@ -109,7 +169,16 @@ class ValueBuffers:
     def _waits(self, buffer: PartitionBuffer) -> float:
         return self._latency.get(buffer.table, self._limits.allowed_latency_s)
 
-    def add(self, processed: ProcessedPartition, message_count: int, now: float, table: str) -> None:
+    def add(
+        self,
+        processed: ProcessedPartition,
+        message_count: int,
+        now: float,
+        table: str,
+        row_groups: RowGroups | None = None,
+    ) -> None:
+        """Buffer ``processed`` for ``table``; with ``row_groups``, encode the lane's rows as they fill a row group.
+        Raises :class:`RowGroupRefused` naming the lane, whose rows stay Arrow from then on until their commit."""
         tp = processed.topic_partition
         buffer = self._buffers.get((tp, table))
         if buffer is None:
@@ -123,7 +192,10 @@ class ValueBuffers:
         buffer.unknown_fields += processed.unknown_fields
         if processed.rows.num_rows:
             buffer.tables.append(processed.rows)
-            buffer.row_offsets.append(pa.array(processed.row_offsets, pa.int64()))
+            given = processed.row_offsets
+            # One row per message, in offset order: offsets that span exactly the row count are all of that span.
+            whole = given[-1] - given[0] + 1 == len(given)
+            buffer.row_offsets.append(range(given[0], given[-1] + 1) if whole else pa.array(given, pa.int64()))
             if processed.row_timestamps_ms is not None:
                 buffer.row_timestamps_ms.append(processed.row_timestamps_ms)
             if processed.row_deletes is not None or buffer.row_deletes:
@@ -135,6 +207,18 @@ class ValueBuffers:
                 )
             buffer.rows += processed.rows.num_rows
             buffer.nbytes += processed.rows.nbytes
+            buffer.pending_rows += processed.rows.num_rows
+            buffer.pending_nbytes += processed.rows.nbytes
+            if row_groups is not None and (tp, table) not in self._plain:
+                try:
+                    buffer.encode(row_groups)
+                except RowGroupRefused as refused:
+                    self.keep_plain(tp, table)
+                    raise RowGroupRefused(refused.reason, tp, table) from refused
+
+    def keep_plain(self, tp: TopicPartition, table: str) -> None:
+        """Keep the rows of a lane as Arrow until its next commit (Parquet refused one of its row groups)."""
+        self._plain.add((tp, table))
 
     def room(self, tp: TopicPartition) -> int:
         """Messages ``tp`` can still take before a file of it is full."""
@@ -168,7 +252,7 @@ class ValueBuffers:
             return set()
         by_table: dict[str, int] = {}
         for buffer in self._buffers.values():
-            by_table[buffer.table] = by_table.get(buffer.table, 0) + buffer.nbytes
+            by_table[buffer.table] = by_table.get(buffer.table, 0) + buffer.held_bytes
         chosen: set[str] = set()
         for table, nbytes in sorted(by_table.items(), key=lambda item: (-item[1], item[0])):
             if total < self._limits.max_buffered_bytes / 2:
@@ -197,6 +281,7 @@ class ValueBuffers:
         taken: dict[str, dict[TopicPartition, PartitionBuffer]] = {}
         for tp, table in chosen:
             taken.setdefault(table, {})[tp] = self._buffers.pop((tp, table))
+            self._plain.discard((tp, table))
         return taken
 
     def drop(self, tp: TopicPartition) -> list[PartitionBuffer]:
@@ -205,7 +290,8 @@ class ValueBuffers:
 
     @property
     def buffered_bytes(self) -> int:
-        return sum(b.nbytes for b in self._buffers.values())
+        """The memory the buffered rows take (encoded bytes, and Arrow bytes of the rows not encoded yet)."""
+        return sum(b.held_bytes for b in self._buffers.values())
 
     @property
     def buffered_messages(self) -> int:

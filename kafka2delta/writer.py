@@ -8,7 +8,6 @@ so every row traces back to Kafka. deltalake's exceptions are caught here and no
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
 import re
 import time
@@ -29,6 +28,8 @@ from deltalake.transaction import AddAction, RemoveAction
 
 from kafka2delta.bisection import isolate_failures
 from kafka2delta.changes import ChangeOptions
+from kafka2delta.dictionaries import dictionary_columns
+from kafka2delta.encoded_rows import DATA_ERRORS, EncodedFile
 from kafka2delta.errors import (
     CommitConflict,
     ConfigError,
@@ -37,6 +38,7 @@ from kafka2delta.errors import (
     RowsRejected,
     SchemaChanged,
 )
+from kafka2delta.file_stats import file_stats
 from kafka2delta.merging import merge_changes
 from kafka2delta.offsets import CommitOutcome, classify_commit
 from kafka2delta.records import OffsetRange, TopicPartition
@@ -63,12 +65,8 @@ def is_spark_only(configuration: Mapping[str, str | None]) -> bool:
 
 
 _HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
-_STATS_STRING_PREFIX = 32
+_PUT_SLICE = 4 * 1024 * 1024
 _PATH_SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.:@ ")
-
-
-# Arrow's data errors (not storage errors, which are OSError and retried).
-DATA_ERRORS = (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, pa.ArrowCapacityError)
 
 
 def _table_schema(table: DeltaTable) -> pa.Schema:
@@ -89,54 +87,6 @@ def _partition_value(value: Any) -> str | None:
 def _escape_path_name(value: str) -> str:
     """Hive-style escaping of a partition directory name (what Spark writes on disk)."""
     return "".join(c if c in _PATH_SAFE and c != " " else f"%{ord(c):02X}" for c in value)
-
-
-def _json_stat(value: Any) -> Any:
-    """A statistics value as Delta writes it: timestamps in milliseconds, ISO 8601."""
-    if isinstance(value, dt.datetime):
-        if value.tzinfo is not None:
-            return value.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
-        return value.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3]
-    if isinstance(value, dt.date):
-        return value.isoformat()
-    return value
-
-
-def file_stats(table: pa.Table) -> str:
-    """Delta file statistics (numRecords, min/max, nullCount) for the top-level primitive columns."""
-    min_values: dict[str, Any] = {}
-    max_values: dict[str, Any] = {}
-    null_count: dict[str, int] = {}
-    for name, column in zip(table.column_names, table.columns, strict=True):
-        kind = column.type
-        if pa.types.is_nested(kind):
-            continue
-        null_count[name] = column.null_count
-        if column.null_count == len(column) or not (
-            pa.types.is_integer(kind)
-            or pa.types.is_floating(kind)
-            or pa.types.is_string(kind)
-            or pa.types.is_date(kind)
-            or pa.types.is_timestamp(kind)
-        ):
-            continue
-        extremes = pc.min_max(column)
-        low, high = extremes["min"].as_py(), extremes["max"].as_py()
-        if pa.types.is_timestamp(kind):
-            # Stats are written in milliseconds: round the bounds outwards so they stay bounds.
-            high = high + dt.timedelta(milliseconds=1) if high.microsecond % 1000 else high
-        if pa.types.is_floating(kind) and (low != low or high != high):
-            continue  # NaN has no JSON form
-        if isinstance(low, str):
-            low = low[:_STATS_STRING_PREFIX]  # a prefix is still a lower bound
-            if len(high) > _STATS_STRING_PREFIX:
-                high = None  # a truncated maximum would not be an upper bound
-        min_values[name] = _json_stat(low)
-        if high is not None:
-            max_values[name] = _json_stat(high)
-    return json.dumps(
-        {"numRecords": table.num_rows, "minValues": min_values, "maxValues": max_values, "nullCount": null_count}
-    )
 
 
 def _filesystem(uri: str, storage_options: Mapping[str, str]) -> tuple[pa_fs.FileSystem, str]:
@@ -393,8 +343,7 @@ class DeltaWriter:
                 f"{column}={_HIVE_NULL if value is None else _escape_path_name(value)}"
                 for column, value in values.items()
             )
-            unique = uuid.uuid4().hex[:12]
-            name = f"{tp.topic}-{tp.partition}-{offsets.first}-{offsets.last}-{unique}.{self._compression}.parquet"
+            name = self._file_name(tp, offsets)
             relative = f"{directory}/{name}" if directory else name
             path = f"{self._root.rstrip('/')}/{relative}"
             try:
@@ -407,6 +356,7 @@ class DeltaWriter:
                     compression=self._compression,
                     row_group_size=1_000_000,
                     write_statistics=True,
+                    use_dictionary=dictionary_columns(part),
                 )
                 size = self._filesystem.get_file_info(path).size
             except DATA_ERRORS as exc:
@@ -416,6 +366,26 @@ class DeltaWriter:
             # The on-disk relative path: delta-rs percent-encodes it for the log itself.
             actions.append(AddAction(relative, size, values, int(time.time() * 1000), True, file_stats(part)))
         return actions
+
+    def put_file(self, tp: TopicPartition, offsets: OffsetRange, encoded: EncodedFile) -> list[AddAction]:
+        """Put a file encoded while its rows were buffered (unpartitioned tables). :class:`RetryableError` when
+        storage fails."""
+        path = f"{self._root.rstrip('/')}/{self._file_name(tp, offsets)}"
+        data = encoded.data
+        try:
+            # In slices through a buffer: a stream of delta-rs's object_store (Azure, GCS) takes bytes only, which
+            # is what a buffer flush hands it (a large write would pass the Arrow buffer itself through).
+            with pa.BufferedOutputStream(self._filesystem.open_output_stream(path), 2 * _PUT_SLICE) as out:
+                for start in range(0, data.size, _PUT_SLICE):
+                    out.write(data.slice(start, min(_PUT_SLICE, data.size - start)))
+        except OSError as exc:
+            raise RetryableError(f"writing {path}: {exc}") from exc
+        relative = path.rsplit("/", 1)[1]
+        return [AddAction(relative, encoded.data.size, {}, int(time.time() * 1000), True, encoded.stats)]
+
+    def _file_name(self, tp: TopicPartition, offsets: OffsetRange) -> str:
+        unique = uuid.uuid4().hex[:12]
+        return f"{tp.topic}-{tp.partition}-{offsets.first}-{offsets.last}-{unique}.{self._compression}.parquet"
 
     def check_rows(self, rows: pa.Table) -> None:
         """Raise :class:`RowsRejected` when Parquet refuses some rows (for commits delta-rs writes itself)."""

@@ -240,9 +240,10 @@ def assert_verdict(verdict: Verdict) -> None:
 
 
 def chaos_setup(make_setup: Callable[..., Setup], partitions: int, **kwargs: Any) -> Setup:
-    """A setup whose rows record their Kafka partition and offset (what the checker reads)."""
+    """A setup whose rows record their Kafka partition and offset (what the checker reads), in row groups of 100
+    rows: every fault meets lanes whose rows are being encoded into their next file while buffered."""
     table = {"metadata_columns": METADATA, **kwargs.pop("table", {})}
-    return make_setup(partitions, table=table, **kwargs)
+    return make_setup(partitions, table=table, **{"row_group_rows": 100, **kwargs})
 
 
 def drain(

@@ -121,3 +121,20 @@ def test_room_until_the_file_is_full() -> None:
     assert buffers.room(T0) == 100
     buffers.add(processed(0, 0, 59, 60), 60, now=0.0, table="/t")
     assert buffers.room(T0) == 40 and buffers.room(T1) == 100
+
+
+def test_row_offsets_of_whole_spans_and_of_gapped_pieces() -> None:
+    """A piece holding every offset of its span keeps it as a range; one with gaps (dead letters, filtered
+    messages) keeps each offset; both read back in row order, and a rejection keeps the rest's."""
+    buffers = ValueBuffers(LIMITS)
+    buffers.add(processed(0, 0, 4, 5), 5, now=0.0, table="/t")
+    gapped = processed(0, 5, 9, 3)
+    gapped.row_offsets = [5, 7, 9]
+    buffers.add(gapped, 5, now=0.0, table="/t")
+    (buffer,) = buffers.take()["/t"].values()
+    assert buffer.row_offsets[0] == range(0, 5)
+    assert buffer.offsets().to_pylist() == [0, 1, 2, 3, 4, 5, 7, 9]
+    schema = pa.schema([("n", pa.int64())])
+    buffer.reject_rows([1, 6], schema)
+    assert buffer.offsets().to_pylist() == [0, 2, 3, 4, 5, 9]
+    assert buffer.to_table(schema).column("n").to_pylist() == [0, 2, 3, 4, 0, 2]
