@@ -257,7 +257,10 @@ class Committer:
             if encoded is not None:
                 return self._writer.put_file(partition, offsets, encoded)
         while True:
-            rows = buffer.to_table(schema)
+            try:
+                rows = buffer.to_table(schema)  # reads the encoded rows back, if any
+            except RowGroupRefused as refused:
+                raise RowGroupRefused(refused.reason, partition, self.uri) from refused
             try:
                 if evolving:
                     self._writer.check_rows(rows)

@@ -76,5 +76,8 @@ def _nearly_distinct(values: pa.ChunkedArray) -> bool:
     present = len(values) - values.null_count
     if present < MIN_SAMPLE:
         return False
-    distinct = pc.count_distinct(values, mode="only_valid").as_py()
+    try:
+        distinct = pc.count_distinct(values, mode="only_valid").as_py()
+    except (pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        return False  # a type count_distinct has no kernel for (views, dictionaries): as Parquet would by default
     return bool(distinct > DISTINCT_SHARE * present)

@@ -64,6 +64,9 @@ class EncodedRows:
         )
         self._stats = FileStats()
         self._finished: EncodedFile | None = None
+        self._broken: Exception | None = None
+        """Parquet's error, once the writer refused a group: it has closed its file, and ``close`` would still
+        return a file without a footer, so every later call is refused too."""
 
     @classmethod
     def start(cls, group: pa.Table, compression: str) -> EncodedRows:
@@ -78,9 +81,11 @@ class EncodedRows:
     def add(self, group: pa.Table) -> None:
         """Encode ``group`` as the file's next row group (its schema is the file's)."""
         assert self._finished is None, "a finished file takes no more rows"
+        self._check()
         try:
             self._writer.write_table(group, row_group_size=max(group.num_rows, 1))
         except DATA_ERRORS as exc:
+            self._broken = exc
             raise _refused(exc) from exc
         self.rows += group.num_rows
         self._stats = self._stats.merge(extremes(group)) if self._stats.rows else extremes(group)
@@ -93,12 +98,18 @@ class EncodedRows:
     def finish(self) -> EncodedFile:
         """Close the file (once; later calls return the same file)."""
         if self._finished is None:
+            self._check()
             try:
                 self._writer.close()
             except DATA_ERRORS as exc:
+                self._broken = exc
                 raise _refused(exc) from exc
             self._finished = EncodedFile(self._sink.getvalue(), self.schema, self.rows, self._stats.to_json())
         return self._finished
+
+    def _check(self) -> None:
+        if self._broken is not None:
+            raise _refused(self._broken)
 
     def read(self) -> pa.Table:
         """The encoded rows, decoded (for the paths that need them as Arrow: an evolution commit, a rejection)."""

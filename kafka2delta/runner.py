@@ -267,7 +267,8 @@ class Ingestor:
                 if self._buffers.room(tp) == 0:
                     self._flush("records", tables=self._buffers.tables_of(tp))
                     now = self._clock()
-        self._reached.update(batch.end_offsets)
+        # A partition resynced meanwhile reads again from before the end this batch reached.
+        self._reached.update({tp: end for tp, end in batch.end_offsets.items() if tp not in self._resynced})
         self._metrics.buffered(self._buffers.buffered_messages, self._buffers.buffered_bytes)
 
     def _drop_taken(self, messages: PartitionMessages, position: int | None) -> PartitionMessages:
@@ -579,6 +580,7 @@ class Ingestor:
         """Forget what we hold for ``tp`` and fetch again from its tables' lowest txn version + 1."""
         self._buffers.drop(tp)
         self._resynced.add(tp)
+        self._reached.pop(tp, None)  # the end it reached is ahead of where it reads again
         state = self._partitions.get(tp)
         if state is None:
             return

@@ -54,8 +54,10 @@ class PartitionBuffer:
 
     @property
     def held_bytes(self) -> int:
-        """The memory the rows take: their encoded bytes and the Arrow bytes of the rest."""
-        return (self.encoded.nbytes if self.encoded is not None else 0) + self.pending_nbytes
+        """The memory the rows take: their encoded bytes, the Arrow bytes of the rest, and each row's offset and
+        Kafka timestamp (as much as an encoded 250-B event itself)."""
+        encoded = self.encoded.nbytes if self.encoded is not None else 0
+        return encoded + self.pending_nbytes + 16 * self.rows
 
     def to_table(self, schema: pa.Schema) -> pa.Table:
         """The buffered rows in ``schema`` (pieces buffered before a column was added get nulls)."""

@@ -83,3 +83,8 @@ def test_the_delta_writer_writes_the_kafka_offset_plain(tmp_path: Path) -> None:
     writer = DeltaWriter.open(str(tmp_path / "t"), {}, TxnIds("app").main, "snappy", 10, rows.schema)
     (action,) = writer.write_files(TopicPartition("e", 0), OffsetRange(0, ROWS - 1), rows)
     assert encodings(tmp_path / "t" / action.path) == {"type": True, "_kafka_offset": False}
+
+
+def test_a_column_type_that_cannot_be_counted_keeps_its_dictionary() -> None:
+    rows = pa.table({"v": pa.array([str(i) for i in range(ROWS)], pa.string_view()), "n": range(ROWS)})
+    assert dictionary_columns(rows) == ["v"]

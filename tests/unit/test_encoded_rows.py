@@ -65,7 +65,8 @@ def test_a_lane_encodes_row_groups_as_they_fill_and_its_file_equals_the_rows(tmp
     assert buffer.encoded is not None and buffer.encoded.rows == 960  # 8 groups of 120 rows; 60 rows still Arrow
     assert buffer.pending_rows == 60
     arrow = events(0, 1020)
-    assert buffer.held_bytes < arrow.nbytes / 2  # what the buffer holds is mostly compressed
+    assert buffer.encoded.nbytes < events(0, 960).nbytes / 2  # the encoded rows are compressed
+    assert buffer.held_bytes == buffer.encoded.nbytes + buffer.pending_nbytes + 16 * 1020  # + offset, timestamp
 
     encoded = buffer.encoded_file(arrow.schema)
     assert encoded is not None and encoded.rows == 1020
@@ -116,6 +117,23 @@ def test_a_refused_row_group_names_the_lane_and_keeps_it_arrow_until_its_next_co
     buffers.add(piece(240, 120), 120, 0.0, "table", GROUPS)
     (buffer,) = buffers.take()["table"].values()
     assert buffer.encoded is not None  # after that commit, encoded again
+
+
+def test_an_encoder_that_refused_a_group_refuses_its_file_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Parquet closes its file when it refuses a group; what ``close`` would still give has no footer."""
+    encoded = EncodedRows.start(events(0, 10), "snappy")
+
+    def refuse(writer: pq.ParquetWriter, table: pa.Table, row_group_size: int | None = None) -> None:
+        raise pa.ArrowInvalid("cannot write poison")
+
+    monkeypatch.setattr(pq.ParquetWriter, "write_table", refuse)
+    with pytest.raises(RowGroupRefused):
+        encoded.add(events(10, 10))
+    monkeypatch.undo()
+    with pytest.raises(RowGroupRefused, match="cannot write poison"):
+        encoded.finish()
+    with pytest.raises(RowGroupRefused, match="cannot write poison"):
+        encoded.add(events(10, 10))
 
 
 def test_merged_statistics_equal_the_whole_files() -> None:
@@ -176,11 +194,14 @@ class ReplayingSource(FakeSource):
         self.position = 0 if isinstance(start, LogicalOffset) else start
 
 
+@pytest.mark.parametrize("chunk", [5, 40])
 def test_the_loop_reads_a_refused_partition_again_and_commits_each_message_once(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunk: int
 ) -> None:
     """Parquet refuses the row group holding offset 17 while buffering: the partition is read again from the
-    table's version, its rows kept as Arrow, and the commit finds the row at fault (a dead letter, stage write)."""
+    table's version, its rows kept as Arrow, and the commit finds the row at fault (a dead letter, stage write).
+    With ``chunk`` 40 the refused batch is the one that reached the partition's end: the run is not caught up
+    until it has read the partition again."""
     real_group, real_file = pq.ParquetWriter.write_table, pq.write_table
 
     def poisoned(table: pa.Table) -> bool:
@@ -199,7 +220,7 @@ def test_the_loop_reads_a_refused_partition_again_and_commits_each_message_once(
     monkeypatch.setattr(pq.ParquetWriter, "write_table", picky_group)
     monkeypatch.setattr(pq, "write_table", picky_file)
     payloads = [json.dumps({"id": f"p0-{o}"}).encode() for o in range(40)]
-    source = ReplayingSource(payloads, chunk=5)
+    source = ReplayingSource(payloads, chunk=chunk)
     writer = DeltaWriter.open(str(tmp_path / "t"), {}, TxnIds().main, "snappy", 10, SCHEMA)
     sink = RecordingDeadLetters(tmp_path)
     ingestor, metrics = make(tmp_path, source, writer, sink, row_group_rows="4")

@@ -75,16 +75,18 @@ def test_due_per_table_not_every_buffer() -> None:
 
 
 def test_global_bound_flushes_the_largest_tables_until_half_is_left() -> None:
+    """What a buffer holds: 8 bytes of Arrow a row here, and 16 for its offset and timestamp."""
     limits = FlushLimits(
-        allowed_latency_s=60, max_messages_per_file=10_000, min_bytes_per_file=1_000_000, max_buffered_bytes=20_000
+        allowed_latency_s=60, max_messages_per_file=10_000, min_bytes_per_file=1_000_000, max_buffered_bytes=60_000
     )
     buffers = ValueBuffers(limits)
-    buffers.add(processed(0, 0, 999, 1000, topic="a"), 1000, now=0.0, table="/a")  # 8,000 bytes
-    buffers.add(processed(0, 0, 699, 700, topic="b"), 700, now=0.0, table="/b")  # 5,600
-    buffers.add(processed(0, 0, 599, 600, topic="c"), 600, now=0.0, table="/c")  # 4,800
-    assert buffers.due(0.0) is None  # 18,400 < 20,000
-    buffers.add(processed(1, 0, 299, 300, topic="c"), 300, now=0.0, table="/c")  # /c: 7,200; 20,800 in all
-    # Largest first: /a (8,000) leaves 12,800, /c (7,200) leaves 5,600 < 10,000: /b keeps its buffer.
+    buffers.add(processed(0, 0, 999, 1000, topic="a"), 1000, now=0.0, table="/a")  # 24,000 bytes
+    buffers.add(processed(0, 0, 699, 700, topic="b"), 700, now=0.0, table="/b")  # 16,800
+    buffers.add(processed(0, 0, 599, 600, topic="c"), 600, now=0.0, table="/c")  # 14,400
+    assert buffers.buffered_bytes == 55_200
+    assert buffers.due(0.0) is None  # 55,200 < 60,000
+    buffers.add(processed(1, 0, 299, 300, topic="c"), 300, now=0.0, table="/c")  # /c: 21,600; 62,400 in all
+    # Largest first: /a (24,000) leaves 38,400, /c (21,600) leaves 16,800 < 30,000: /b keeps its buffer.
     assert buffers.due(0.0) == Due("buffer_bytes", frozenset({"/a", "/c"}))
 
 
