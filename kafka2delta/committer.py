@@ -29,7 +29,7 @@ from kafka2delta import faults
 from kafka2delta.assignment import PartitionState
 from kafka2delta.changes import UNAVAILABLE_VALUE, last_changes
 from kafka2delta.edges import DeadLetterProducer, DeadLetterStore, TableWriter
-from kafka2delta.errors import CommitConflict, RetryableError, RowGroupRefused, RowsRejected, SchemaChanged
+from kafka2delta.errors import CommitConflict, RetryableError, RowsRejected, SchemaChanged
 from kafka2delta.metrics import Metrics
 from kafka2delta.pipeline import Pipeline
 from kafka2delta.records import DeadLetter, OffsetRange, TopicPartition, payload_json
@@ -249,18 +249,11 @@ class Committer:
         """One partition's files (none for an evolution commit, whose rows are only checked): the file its rows
         were encoded into while buffered, or else a file written from them now."""
         offsets = OffsetRange(buffer.first_offset, buffer.last_offset)
-        if not evolving and buffer.rows:
-            try:
-                encoded = buffer.encoded_file(schema)
-            except RowGroupRefused as refused:
-                raise RowGroupRefused(refused.reason, partition, self.uri) from refused
-            if encoded is not None:
-                return self._writer.put_file(partition, offsets, encoded)
+        encoded = buffer.encoded_file(schema) if not evolving and buffer.rows else None
+        if encoded is not None:
+            return self._writer.put_file(partition, offsets, encoded)
         while True:
-            try:
-                rows = buffer.to_table(schema)  # reads the encoded rows back, if any
-            except RowGroupRefused as refused:
-                raise RowGroupRefused(refused.reason, partition, self.uri) from refused
+            rows = buffer.to_table(schema)  # reads the encoded rows back, if any
             try:
                 if evolving:
                     self._writer.check_rows(rows)

@@ -414,12 +414,14 @@ class Metrics:
         # moment its buffers were still held, the daemon's peak RSS.
         pieces: list[pa.Array] = []
         rows = 0
-        for index, array in enumerate(timestamps_ms):
+        for array in timestamps_ms:
             pieces.append(array)
             rows += len(array)
-            if rows >= _LATENCY_SLICE_ROWS or index == len(timestamps_ms) - 1:
+            if rows >= _LATENCY_SLICE_ROWS:
                 self._observe_latency_slice(topic, table, pa.chunked_array(pieces, pa.int64()), wall)
                 pieces, rows = [], 0
+        if pieces:
+            self._observe_latency_slice(topic, table, pa.chunked_array(pieces, pa.int64()), wall)
 
     def _observe_latency_slice(self, topic: str, table: str, stamps: pa.ChunkedArray, wall: float) -> None:
         stamps = stamps.filter(pc.greater(stamps, 0))  # -1: the message had no timestamp

@@ -8,6 +8,8 @@ what it holds is mostly compressed.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -61,7 +63,8 @@ class PartitionBuffer:
 
     def to_table(self, schema: pa.Schema) -> pa.Table:
         """The buffered rows in ``schema`` (pieces buffered before a column was added get nulls)."""
-        pieces = ([self.encoded.read()] if self.encoded is not None else []) + self.tables
+        with self._naming_the_lane():
+            pieces = ([self.encoded.read()] if self.encoded is not None else []) + self.tables
         return pa.concat_tables([conform(t, schema) for t in pieces]) if pieces else schema.empty_table()
 
     def encode(self, groups: RowGroups) -> None:
@@ -78,7 +81,8 @@ class PartitionBuffer:
         self._encode_pending(self.encoded.compression)
         if self.tables or not self.encoded.schema.equals(schema):
             return None
-        return self.encoded.finish()
+        with self._naming_the_lane():
+            return self.encoded.finish()
 
     def _encode_pending(self, compression: str) -> None:
         if not self.encodable or not self.tables:
@@ -88,11 +92,20 @@ class PartitionBuffer:
             self.encodable = False  # a column was added meanwhile: the flush conforms every row as Arrow
             return
         group = pa.concat_tables(self.tables)
-        if self.encoded is None:
-            self.encoded = EncodedRows.start(group, compression)
-        else:
-            self.encoded.add(group)
+        with self._naming_the_lane():
+            if self.encoded is None:
+                self.encoded = EncodedRows.start(group, compression)
+            else:
+                self.encoded.add(group)
         self.tables, self.pending_rows, self.pending_nbytes = [], 0, 0
+
+    @contextmanager
+    def _naming_the_lane(self) -> Iterator[None]:
+        """A refusal of the encoded rows names this buffer's lane: the loop reads its partition again."""
+        try:
+            yield
+        except RowGroupRefused as refused:
+            raise RowGroupRefused(refused.reason, self.tp, self.table) from refused
 
     def offsets(self) -> pa.Array:
         """The Kafka offset of each buffered row, aligned with :meth:`to_table`."""
@@ -214,9 +227,9 @@ class ValueBuffers:
             if row_groups is not None and (tp, table) not in self._plain:
                 try:
                     buffer.encode(row_groups)
-                except RowGroupRefused as refused:
+                except RowGroupRefused:
                     self.keep_plain(tp, table)
-                    raise RowGroupRefused(refused.reason, tp, table) from refused
+                    raise
 
     def keep_plain(self, tp: TopicPartition, table: str) -> None:
         """Keep the rows of a lane as Arrow until its next commit (Parquet refused one of its row groups)."""

@@ -370,7 +370,8 @@ class DeltaWriter:
     def put_file(self, tp: TopicPartition, offsets: OffsetRange, encoded: EncodedFile) -> list[AddAction]:
         """Put a file encoded while its rows were buffered (unpartitioned tables). :class:`RetryableError` when
         storage fails."""
-        path = f"{self._root.rstrip('/')}/{self._file_name(tp, offsets)}"
+        name = self._file_name(tp, offsets)
+        path = f"{self._root.rstrip('/')}/{name}"
         data = encoded.data
         try:
             # In slices through a buffer: a stream of delta-rs's object_store (Azure, GCS) takes bytes only, which
@@ -380,8 +381,7 @@ class DeltaWriter:
                     out.write(data.slice(start, min(_PUT_SLICE, data.size - start)))
         except OSError as exc:
             raise RetryableError(f"writing {path}: {exc}") from exc
-        relative = path.rsplit("/", 1)[1]
-        return [AddAction(relative, encoded.data.size, {}, int(time.time() * 1000), True, encoded.stats)]
+        return [AddAction(name, data.size, {}, int(time.time() * 1000), True, encoded.stats)]
 
     def _file_name(self, tp: TopicPartition, offsets: OffsetRange) -> str:
         unique = uuid.uuid4().hex[:12]

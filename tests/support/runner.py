@@ -69,6 +69,42 @@ class FakeSource(Source):
         pass
 
 
+class LogSource(FakeSource):
+    """A one-partition fake broker (``t``, partition 0): serves its log from the current position and honours
+    seeks. Each consume serves ``chunk`` messages (None: as many as asked); the partition's end is reported by the
+    consume after its last message, or with it (``end_with_last``: librdkafka may do either)."""
+
+    def __init__(self, payloads: list[bytes], chunk: int | None = None, end_with_last: bool = False) -> None:
+        super().__init__([], [0], high=len(payloads))
+        self.log = payloads
+        self.chunk = chunk
+        self.end_with_last = end_with_last
+        self.position = 0
+
+    def start(self, listener: RebalanceListener) -> None:
+        super().start(listener)
+        self.position = self._offset(self.starts[0])
+
+    def consume(self, max_messages: int, timeout: float) -> ConsumedBatch:
+        offsets = list(range(self.position, min(self.position + (self.chunk or max_messages), len(self.log))))
+        self.position += len(offsets)
+        at_end = not offsets or (self.end_with_last and self.position >= len(self.log))
+        batch = ConsumedBatch(end_offsets={self.tp(0): len(self.log)} if at_end else {})
+        if offsets:
+            payloads: list[bytes | None] = [self.log[o] for o in offsets]
+            batch.partitions = {self.tp(0): PartitionMessages("t", 0, offsets, payloads, [0] * len(offsets))}
+        return batch
+
+    def seek(self, tp: TopicPartition, start: int | LogicalOffset) -> None:
+        super().seek(tp, start)
+        self.position = self._offset(start)
+
+    @staticmethod
+    def _offset(start: int | LogicalOffset) -> int:
+        assert start is LogicalOffset.EARLIEST or isinstance(start, int), start  # no table version: the start
+        return 0 if isinstance(start, LogicalOffset) else start
+
+
 class TopicsSource(Source):
     """Serves scripted batches of any topics, then empty ones (end of partition at ``highs``); remembers
     seeks and group-offset commits by topic partition."""

@@ -21,10 +21,10 @@ from kafka2delta.encoded_rows import EncodedRows, RowGroups
 from kafka2delta.errors import RowGroupRefused
 from kafka2delta.file_stats import extremes, file_stats
 from kafka2delta.offsets import LogicalOffset, TxnIds
-from kafka2delta.records import ConsumedBatch, OffsetRange, PartitionMessages, ProcessedPartition, TopicPartition
+from kafka2delta.records import OffsetRange, ProcessedPartition, TopicPartition
 from kafka2delta.value_buffers import FlushLimits, ValueBuffers
 from kafka2delta.writer import DeltaWriter
-from tests.support.runner import SCHEMA, FakeSource, RecordingDeadLetters, make
+from tests.support.runner import SCHEMA, LogSource, RecordingDeadLetters, make
 
 T0 = TopicPartition("t", 0)
 GROUPS = RowGroups("snappy", rows=100)
@@ -165,35 +165,6 @@ def test_an_encoded_file_reads_back_in_its_schema() -> None:
     assert encoded.read().equals(rows) and encoded.finish().schema.equals(rows.schema)
 
 
-class ReplayingSource(FakeSource):
-    """Serves a partition's messages in chunks from a position that a seek moves (as a broker would)."""
-
-    def __init__(self, payloads: list[bytes], chunk: int) -> None:
-        super().__init__([], [0], high=len(payloads))
-        self.payloads = payloads
-        self.chunk = chunk
-        self.position = 0
-
-    def consume(self, max_messages: int, timeout: float) -> ConsumedBatch:
-        offsets = list(range(self.position, min(self.position + self.chunk, len(self.payloads))))
-        self.position += len(offsets)
-        batch = ConsumedBatch(end_offsets={self.tp(0): self.high} if self.position >= self.high else {})
-        if offsets:
-            messages = PartitionMessages(
-                topic="t",
-                partition=0,
-                offsets=offsets,
-                payloads=[self.payloads[o] for o in offsets],
-                timestamps_ms=[0] * len(offsets),
-            )
-            batch.partitions = {self.tp(0): messages}
-        return batch
-
-    def seek(self, tp: TopicPartition, start: int | LogicalOffset) -> None:
-        super().seek(tp, start)
-        self.position = 0 if isinstance(start, LogicalOffset) else start
-
-
 @pytest.mark.parametrize("chunk", [5, 40])
 def test_the_loop_reads_a_refused_partition_again_and_commits_each_message_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunk: int
@@ -220,7 +191,7 @@ def test_the_loop_reads_a_refused_partition_again_and_commits_each_message_once(
     monkeypatch.setattr(pq.ParquetWriter, "write_table", picky_group)
     monkeypatch.setattr(pq, "write_table", picky_file)
     payloads = [json.dumps({"id": f"p0-{o}"}).encode() for o in range(40)]
-    source = ReplayingSource(payloads, chunk=chunk)
+    source = LogSource(payloads, chunk=chunk, end_with_last=True)
     writer = DeltaWriter.open(str(tmp_path / "t"), {}, TxnIds().main, "snappy", 10, SCHEMA)
     sink = RecordingDeadLetters(tmp_path)
     ingestor, metrics = make(tmp_path, source, writer, sink, row_group_rows="4")
@@ -239,7 +210,7 @@ def test_the_loop_reads_a_refused_partition_again_and_commits_each_message_once(
 
 def test_the_loop_writes_a_catch_up_as_one_file_of_several_row_groups(tmp_path: Path) -> None:
     payloads = [json.dumps({"id": f"p0-{o}"}).encode() for o in range(50)]
-    source = ReplayingSource(payloads, chunk=5)
+    source = LogSource(payloads, chunk=5, end_with_last=True)
     writer = DeltaWriter.open(str(tmp_path / "t"), {}, TxnIds().main, "snappy", 10, SCHEMA)
     ingestor, _ = make(tmp_path, source, writer, RecordingDeadLetters(tmp_path), row_group_rows="10")
     ingestor.run(until_caught_up=True)

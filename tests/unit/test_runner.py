@@ -22,7 +22,7 @@ from kafka2delta.offsets import LogicalOffset, TxnIds
 from kafka2delta.records import ConsumedBatch, DeadLetter, OffsetRange, PartitionMessages, TopicPartition
 from kafka2delta.runner import Ingestor
 from kafka2delta.writer import DeltaWriter
-from tests.support.runner import SCHEMA, FakeSource, RecordingDeadLetters, batch, make
+from tests.support.runner import SCHEMA, FakeSource, LogSource, RecordingDeadLetters, batch, make
 
 TXN = TxnIds()  # the default: each partition's txn id is <topic>-<partition> ("t-0")
 T0, T1 = TopicPartition("t", 0), TopicPartition("t", 1)
@@ -179,33 +179,6 @@ def test_conflict_drops_the_moved_partition_and_commits_the_other(tmp_path: Path
         f'kafka2delta_commit_conflicts_total{{partition="0",table="{uri}",topic="t"}} 1.0'
         in generate_latest(metrics.registry).decode()
     )
-
-
-class LogSource(FakeSource):
-    """A one-partition fake broker: serves its log from the current position and honours seeks."""
-
-    def __init__(self, payloads: list[bytes]) -> None:
-        super().__init__([], [0], high=len(payloads))
-        self.log = payloads
-        self.position = 0
-
-    def start(self, listener: Any) -> None:
-        super().start(listener)
-        start = self.starts[0]
-        self.position = 0 if isinstance(start, LogicalOffset) else start
-
-    def consume(self, max_messages: int, timeout: float) -> ConsumedBatch:
-        offsets = list(range(self.position, min(self.position + max_messages, len(self.log))))
-        self.position += len(offsets)
-        if not offsets:
-            return ConsumedBatch(end_offsets={T0: len(self.log)})
-        payloads: list[bytes | None] = [self.log[o] for o in offsets]
-        return ConsumedBatch(partitions={T0: PartitionMessages("t", 0, offsets, payloads, [0] * len(offsets))})
-
-    def seek(self, tp: TopicPartition, start: int | LogicalOffset) -> None:
-        super().seek(tp, start)
-        assert isinstance(start, int)
-        self.position = start
 
 
 def test_messages_fetched_before_a_resync_are_not_taken(tmp_path: Path) -> None:
