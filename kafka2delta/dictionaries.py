@@ -77,7 +77,17 @@ def _nearly_distinct(values: pa.ChunkedArray) -> bool:
     if present < MIN_SAMPLE:
         return False
     try:
-        distinct = pc.count_distinct(values, mode="only_valid").as_py()
+        distinct = _distinct_count(values.drop_null())
     except (pa.ArrowNotImplementedError, pa.ArrowTypeError):
-        return False  # a type count_distinct has no kernel for (views, dictionaries): as Parquet would by default
+        return False  # a type Arrow cannot sort (views, dictionaries): as Parquet would by default
     return bool(distinct > DISTINCT_SHARE * present)
+
+
+def _distinct_count(present: pa.ChunkedArray) -> int:
+    """Distinct values, counted as the unequal neighbours of a sorted copy. Arrow's ``count_distinct`` grows a hash
+    table of ~28 MB for 65,536 int64 values (~19 MB for strings), and it ran at the first row group of each
+    partition, at the catch-up's peak RSS (memray); the sort takes ~1.3 MB more than the copy, and less time.
+    (NaN never equals NaN here, unlike there: a float column of many NaNs may count as distinct, which only
+    costs it a dictionary.)"""
+    ordered = pc.take(present, pc.sort_indices(present)).combine_chunks()
+    return 1 + int(pc.sum(pc.not_equal(ordered[1:], ordered[:-1])).as_py() or 0)

@@ -124,7 +124,7 @@ def setup_factory(tmp_path: Path, topic_factory: Callable[[int], Topic]) -> Call
         table_uri = table_uri or str(tmp_path / "table")
         table = {**({"metadata_columns": metadata_columns} if metadata_columns else {}), **(table or {})}
         # Row groups of 500 rows: every crash, rebalance and store of the suites meets lanes whose rows were
-        # encoded while buffered (the daemon's default, 131,072, is reached only by catch-ups of the bench).
+        # encoded while buffered (the daemon's default, 65,536, is reached only by catch-ups of the bench).
         ingest_settings = {"allowed_latency_s": 1.0, "progress_interval_s": 2.0, "row_group_rows": 500, **ingest}
         lines = [
             "[kafka]",

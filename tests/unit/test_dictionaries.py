@@ -1,9 +1,11 @@
 """Which columns a file dictionary-encodes: nearly distinct ones are written plain, every other keeps its dictionary."""
 
+import decimal
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from kafka2delta.dictionaries import MIN_SAMPLE, dictionary_columns, parquet_leaf_paths
 from kafka2delta.offsets import TxnIds
@@ -88,3 +90,35 @@ def test_the_delta_writer_writes_the_kafka_offset_plain(tmp_path: Path) -> None:
 def test_a_column_type_that_cannot_be_counted_keeps_its_dictionary() -> None:
     rows = pa.table({"v": pa.array([str(i) for i in range(ROWS)], pa.string_view()), "n": range(ROWS)})
     assert dictionary_columns(rows) == ["v"]
+
+
+@pytest.mark.parametrize(
+    "kind", [pa.int64(), pa.string(), pa.binary(), pa.timestamp("us", "UTC"), pa.decimal128(12, 2), pa.float64()]
+)
+def test_the_bar_is_counted_exactly_over_chunks_and_nulls(kind: pa.DataType) -> None:
+    """90% of the non-null sampled values: 18,001 distinct of 20,000 is plain, 17,999 keeps its dictionary, whichever
+    chunk a repeated value sits in and however many nulls lie between."""
+
+    def column(distinct: int) -> pa.ChunkedArray:
+        values = [_as(kind, i if i < distinct else i - distinct) for i in range(ROWS)]  # repeats last, a chunk away
+        with_nulls = [v for i, value in enumerate(values) for v in ((value, None) if i % 7 == 0 else (value,))]
+        return pa.chunked_array([pa.array(with_nulls[:9_000], kind), pa.array(with_nulls[9_000:], kind)])
+
+    def table(distinct: int) -> pa.Table:
+        values = column(distinct)
+        return pa.table({"c": values, "k": ["a"] * len(values)})
+
+    assert dictionary_columns(table(18_001)) == ["k"]
+    assert dictionary_columns(table(17_999)) is True
+
+
+def _as(kind: pa.DataType, value: int) -> object:
+    if pa.types.is_string(kind):
+        return f"v{value:06d}"
+    if pa.types.is_binary(kind):
+        return value.to_bytes(4, "big")
+    if pa.types.is_decimal(kind):
+        return decimal.Decimal(value) / 100
+    if pa.types.is_floating(kind):
+        return value / 8
+    return value

@@ -122,5 +122,26 @@ def test_the_daemons_librdkafka_queue_is_bounded_by_default() -> None:
     assert settings["queued.max.messages.kbytes"] == "16384"
     assert settings["queued.min.messages"] == "5000"
     assert settings["fetch.queue.backoff.ms"] == "10"
+    assert settings["fetch.max.bytes"] == "1048576"
     overridden = KafkaConfig(bootstrap_servers="b:9092", topic="t", group_id="g", settings={"queued.min.messages": "1"})
     assert KafkaSource(overridden)._settings["queued.min.messages"] == "1"
+
+
+def test_a_larger_message_max_bytes_raises_the_fetch_bound_with_it() -> None:
+    """librdkafka refuses a consumer whose fetch.max.bytes is below message.max.bytes: the daemon's smaller default
+    must follow an operator's larger messages, and an explicit fetch.max.bytes still wins."""
+    from confluent_kafka import Consumer
+
+    from kafka2delta.config import KafkaConfig
+    from kafka2delta.kafka import KafkaSource
+
+    def settings(**kafka_settings: str) -> dict[str, object]:
+        config = KafkaConfig(bootstrap_servers="127.0.0.1:9", topic="t", group_id="g", settings=kafka_settings)
+        return KafkaSource(config)._settings
+
+    larger = settings(**{"message.max.bytes": "10000000"})
+    assert larger["fetch.max.bytes"] == "10000000"
+    own = {k: v for k, v in larger.items() if isinstance(v, (str, int, bool))}
+    Consumer(own).close()  # librdkafka accepts it (no broker needed to build one)
+    assert settings(**{"message.max.bytes": "10000000", "fetch.max.bytes": "20000000"})["fetch.max.bytes"] == "20000000"
+    assert settings(**{"message.max.bytes": "1000"})["fetch.max.bytes"] == "1048576"
