@@ -98,19 +98,21 @@ class _FakeLibc:
 @pytest.mark.parametrize(
     ("environment", "glibc", "expected"),
     [
-        ({}, True, [(-8, startup.MALLOC_ARENAS)]),  # M_ARENA_MAX
-        ({"MALLOC_ARENA_MAX": "8"}, True, []),  # the operator's choice: glibc reads it itself
+        ({}, True, [(-8, startup.MALLOC_ARENAS), (-3, startup.MMAP_THRESHOLD)]),  # M_ARENA_MAX, M_MMAP_THRESHOLD
+        ({"MALLOC_ARENA_MAX": "8"}, True, [(-3, startup.MMAP_THRESHOLD)]),  # the operator's choice: glibc reads it
+        ({"MALLOC_MMAP_THRESHOLD_": "131072"}, True, [(-8, startup.MALLOC_ARENAS)]),
         ({}, False, []),  # musl and others keep their allocator as it is
     ],
 )
-def test_the_daemon_caps_glibcs_malloc_arenas(monkeypatch, environment, glibc, expected) -> None:
+def test_the_daemon_tunes_glibcs_malloc(monkeypatch, environment, glibc, expected) -> None:
     libc = _FakeLibc(glibc)
     monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
     for name, value in environment.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setattr("ctypes.CDLL", lambda name: libc)
     monkeypatch.setattr("sys.platform", "linux")
-    startup.limit_malloc_arenas()
+    startup.tune_malloc()
     assert libc.calls == expected
 
 
