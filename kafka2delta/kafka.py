@@ -42,7 +42,13 @@ from kafka2delta.records import ConsumedBatch, DeadLetter, PartitionMessages, To
 logger = logging.getLogger(__name__)
 
 FETCH_MAX_BYTES = 1024 * 1024
-"""The daemon's fetch.max.bytes, raised to message.max.bytes when that is set higher (librdkafka refuses less)."""
+"""The daemon's fetch.max.bytes, raised to message.max.bytes when that is set higher (librdkafka refuses less).
+librdkafka decompresses a fetch response (up to fetch.max.bytes, across all partitions) at once, one op per
+message, so the response is what to bound: with 64 partitions of lz4 JSON, 50 MB responses took the peak RSS from
+~400 MB to ~900 MB (bench, scaling scenario); on 4 partitions, 1 MiB instead of 8 MB took librdkafka's share of a
+250-B catch-up's peak from ~57 MB to ~16 MB (memray) and the catch-up ran no slower (the broker rotates the
+partitions of its responses). Not max.partition.fetch.bytes: a partition's record batch larger than that comes back
+cut short after the response's first partition, is dropped and fetched again (-15% msg/s)."""
 
 _DEFAULT_SETTINGS = {
     "partition.assignment.strategy": "cooperative-sticky",
@@ -54,14 +60,8 @@ _DEFAULT_SETTINGS = {
     "queued.max.messages.kbytes": "16384",
     "queued.min.messages": "5000",
     "fetch.queue.backoff.ms": "10",
-    # librdkafka checks that bound per partition, on compressed bytes, before it fetches; one fetch response
-    # (up to fetch.max.bytes, across all partitions) is then decompressed at once, one op per message. So the
-    # response is what to bound: with 64 partitions of lz4 JSON, 50 MB responses took the peak RSS from ~400 MB to
-    # ~900 MB (bench, scaling scenario); on 4 partitions, 1 MiB instead of 8 MB took librdkafka's share of a
-    # 250-B catch-up's peak from ~57 MB to ~16 MB (memray) and the catch-up ran no slower (the broker rotates the
-    # partitions of its responses). Not max.partition.fetch.bytes: a partition's record batch larger than that
-    # comes back cut short after the response's first partition, is dropped and fetched again (-15% msg/s).
-    "fetch.max.bytes": str(FETCH_MAX_BYTES),
+    # librdkafka checks that bound per partition, on compressed bytes, before it fetches; fetch.max.bytes (set
+    # with the consumer: FETCH_MAX_BYTES) bounds what one response brings.
 }
 
 
@@ -77,8 +77,9 @@ class KafkaSource:
         self._single_topic = bool(config.topic) or (len(config.topics) == 1 and not config.topic_pattern)
         self._watch = SecurityWatch(config.settings)
         settings: dict[str, Any] = {**_DEFAULT_SETTINGS, **config.settings}
-        if "fetch.max.bytes" not in config.settings:
-            settings["fetch.max.bytes"] = str(max(FETCH_MAX_BYTES, _int_setting(config.settings, "message.max.bytes")))
+        settings.setdefault(
+            "fetch.max.bytes", str(max(FETCH_MAX_BYTES, _int_setting(config.settings, "message.max.bytes")))
+        )
         self._cooperative = "cooperative" in str(settings["partition.assignment.strategy"])
         settings.update(
             {

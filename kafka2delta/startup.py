@@ -69,8 +69,9 @@ MMAP_THRESHOLD = 1024 * 1024
 """Allocations of this many bytes or more get a mapping of their own, given back to the system when freed.
 glibc's threshold starts at 128 KiB and rises with every large block freed (up to 32 MiB), after which the
 daemon's large, short-lived buffers (a batch's Arrow columns, a file's growing row groups) come from the heap,
-whose holes stay resident: with a fixed 1 MiB, a 250-B catch-up peaked at 236-237 MB in every run (235-247
-without, and up to 261 in make bench) and a 2-KB one at 292-302 MB (331-344), for 5-9% more CPU per message."""
+whose holes stay resident: with a fixed 1 MiB, a 250-B catch-up peaked at 224-230 MB in every run (240-246
+without in the same hour, 235-261 over a day's runs) and a 2-KB one at 299-301 MB (339-348), for 5-12% more CPU
+per message (README "What memory each setting costs")."""
 _M_ARENA_MAX = -8  # mallopt's parameter numbers (malloc.h)
 _M_MMAP_THRESHOLD = -3
 
