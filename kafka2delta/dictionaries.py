@@ -78,8 +78,10 @@ def _nearly_distinct(values: pa.ChunkedArray) -> bool:
         return False
     try:
         distinct = _distinct_count(values.drop_null())
-    except (pa.ArrowNotImplementedError, pa.ArrowTypeError):
-        return False  # a type Arrow cannot sort (views, dictionaries): as Parquet would by default
+    except pa.ArrowException:
+        # A type Arrow cannot sort (views, dictionaries), or a sample too large to copy into one array (2 GiB of
+        # strings): only an encoding is at stake, so keep the dictionary, as Parquet would by default.
+        return False
     return bool(distinct > DISTINCT_SHARE * present)
 
 
@@ -87,7 +89,13 @@ def _distinct_count(present: pa.ChunkedArray) -> int:
     """Distinct values, counted as the unequal neighbours of a sorted copy. Arrow's ``count_distinct`` grows a hash
     table of ~28 MB for 65,536 int64 values (~19 MB for strings), and it ran at the first row group of each
     partition, at the catch-up's peak RSS (memray); the sort takes ~1.3 MB more than the copy, and less time.
-    (NaN never equals NaN here, unlike there: a float column of many NaNs may count as distinct, which only
-    costs it a dictionary.)"""
+    NaN never equals NaN in the comparison, so NaNs are counted apart, as one value (as ``count_distinct`` does)."""
+    nan = 0
+    if pa.types.is_floating(present.type):
+        is_nan = pc.is_nan(present)
+        nan = int(pc.any(is_nan).as_py() or False)
+        present = present.filter(pc.invert(is_nan)) if nan else present
+    if len(present) == 0:
+        return nan
     ordered = pc.take(present, pc.sort_indices(present)).combine_chunks()
-    return 1 + int(pc.sum(pc.not_equal(ordered[1:], ordered[:-1])).as_py() or 0)
+    return nan + 1 + int(pc.sum(pc.not_equal(ordered[1:], ordered[:-1])).as_py() or 0)

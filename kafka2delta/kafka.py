@@ -42,7 +42,8 @@ from kafka2delta.records import ConsumedBatch, DeadLetter, PartitionMessages, To
 logger = logging.getLogger(__name__)
 
 FETCH_MAX_BYTES = 1024 * 1024
-"""The daemon's fetch.max.bytes, raised to message.max.bytes when that is set higher (librdkafka refuses less).
+"""The daemon's fetch.max.bytes, raised to message.max.bytes (librdkafka refuses less) or to an operator's
+max.partition.fetch.bytes (fetch.message.max.bytes) when either is set higher.
 librdkafka decompresses a fetch response (up to fetch.max.bytes, across all partitions) at once, one op per
 message, so the response is what to bound: with 64 partitions of lz4 JSON, 50 MB responses took the peak RSS from
 ~400 MB to ~900 MB (bench, scaling scenario); on 4 partitions, 1 MiB instead of 8 MB took librdkafka's share of a
@@ -77,8 +78,9 @@ class KafkaSource:
         self._single_topic = bool(config.topic) or (len(config.topics) == 1 and not config.topic_pattern)
         self._watch = SecurityWatch(config.settings)
         settings: dict[str, Any] = {**_DEFAULT_SETTINGS, **config.settings}
+        raised_by = ("message.max.bytes", "max.partition.fetch.bytes", "fetch.message.max.bytes")
         settings.setdefault(
-            "fetch.max.bytes", str(max(FETCH_MAX_BYTES, _int_setting(config.settings, "message.max.bytes")))
+            "fetch.max.bytes", str(max(FETCH_MAX_BYTES, *(_int_setting(config.settings, key) for key in raised_by)))
         )
         self._cooperative = "cooperative" in str(settings["partition.assignment.strategy"])
         settings.update(

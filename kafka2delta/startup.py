@@ -77,18 +77,25 @@ _M_MMAP_THRESHOLD = -3
 
 
 def tune_malloc() -> None:
-    """Cap glibc's malloc arenas and fix its mmap threshold, before any thread starts. ``MALLOC_ARENA_MAX`` and
-    ``MALLOC_MMAP_THRESHOLD_`` in the environment (read by glibc itself) win; other C libraries (musl) are left
-    alone."""
+    """Cap glibc's malloc arenas and fix its mmap threshold, before any thread starts. An operator's own choice,
+    read by glibc itself, wins: ``MALLOC_ARENA_MAX`` or ``glibc.malloc.arena_max`` in ``GLIBC_TUNABLES``, and
+    ``MALLOC_MMAP_THRESHOLD_`` or ``glibc.malloc.mmap_threshold``. Other C libraries (musl) are left alone."""
     if not sys.platform.startswith("linux"):
         return
     libc = ctypes.CDLL(None)  # the C library the interpreter runs on (no search for it)
     if not (hasattr(libc, "mallopt") and hasattr(libc, "gnu_get_libc_version")):  # glibc only
         return
-    if "MALLOC_ARENA_MAX" not in os.environ:
+    if not _set_by_operator("MALLOC_ARENA_MAX", "glibc.malloc.arena_max"):
         libc.mallopt(_M_ARENA_MAX, MALLOC_ARENAS)
-    if "MALLOC_MMAP_THRESHOLD_" not in os.environ:
+    if not _set_by_operator("MALLOC_MMAP_THRESHOLD_", "glibc.malloc.mmap_threshold"):
         libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+
+
+def _set_by_operator(variable: str, tunable: str) -> bool:
+    """Whether glibc was given this malloc setting through the environment (``GLIBC_TUNABLES`` is
+    ``name=value:name=value``)."""
+    tunables = os.environ.get("GLIBC_TUNABLES", "").split(":")
+    return variable in os.environ or any(item.partition("=")[0] == tunable for item in tunables)
 
 
 def main() -> int:

@@ -101,6 +101,17 @@ class _FakeLibc:
         ({}, True, [(-8, startup.MALLOC_ARENAS), (-3, startup.MMAP_THRESHOLD)]),  # M_ARENA_MAX, M_MMAP_THRESHOLD
         ({"MALLOC_ARENA_MAX": "8"}, True, [(-3, startup.MMAP_THRESHOLD)]),  # the operator's choice: glibc reads it
         ({"MALLOC_MMAP_THRESHOLD_": "131072"}, True, [(-8, startup.MALLOC_ARENAS)]),
+        ({"GLIBC_TUNABLES": "glibc.malloc.arena_max=4"}, True, [(-3, startup.MMAP_THRESHOLD)]),
+        (
+            {"GLIBC_TUNABLES": "glibc.malloc.tcache_count=0:glibc.malloc.mmap_threshold=65536"},
+            True,
+            [(-8, startup.MALLOC_ARENAS)],
+        ),
+        (
+            {"GLIBC_TUNABLES": "glibc.malloc.tcache_count=0"},
+            True,
+            [(-8, startup.MALLOC_ARENAS), (-3, startup.MMAP_THRESHOLD)],
+        ),
         ({}, False, []),  # musl and others keep their allocator as it is
     ],
 )
@@ -108,6 +119,7 @@ def test_the_daemon_tunes_glibcs_malloc(monkeypatch, environment, glibc, expecte
     libc = _FakeLibc(glibc)
     monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
     monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
     for name, value in environment.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setattr("ctypes.CDLL", lambda name: libc)
@@ -147,3 +159,6 @@ def test_a_larger_message_max_bytes_raises_the_fetch_bound_with_it() -> None:
     Consumer(own).close()  # librdkafka accepts it (no broker needed to build one)
     assert settings(**{"message.max.bytes": "10000000", "fetch.max.bytes": "20000000"})["fetch.max.bytes"] == "20000000"
     assert settings(**{"message.max.bytes": "1000"})["fetch.max.bytes"] == "1048576"
+    # A larger per-partition fetch asked for is not cut back to 1 MiB responses, under either name.
+    assert settings(**{"max.partition.fetch.bytes": "4194304"})["fetch.max.bytes"] == "4194304"
+    assert settings(**{"fetch.message.max.bytes": "3000000"})["fetch.max.bytes"] == "3000000"
