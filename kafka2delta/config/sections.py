@@ -205,8 +205,8 @@ class FormatConfig:
     """``[format]``: how message values and keys are decoded."""
 
     type: Literal["json", "avro", "protobuf", "raw"] = "json"
-    """``json`` (one object per message), ``avro`` (Confluent wire format through the registry, or bare
-    datums with ``avro_schema_file``), ``protobuf`` (Confluent wire format through the registry), ``raw``."""
+    """``json`` (one object per message), ``avro`` (a registry's wire format, Confluent's or Glue's, or bare
+    datums with ``avro_schema_file``), ``protobuf`` (a registry's wire format, Confluent's or Glue's), ``raw``."""
     gzip: bool = False
     """``json``/``raw``: payloads are gzip-compressed (a payload that is not gzip is a dead letter)."""
     avro_schema_file: str = ""

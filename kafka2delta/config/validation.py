@@ -126,8 +126,8 @@ def _validate_format(config: Config) -> None:
             "format.type",
             "avro needs a schema registry (schema_registry.url, or type = 'glue') or format.avro_schema_file",
         )
-    if fmt.type == "protobuf" and not registry.url:
-        raise ConfigError("format.type", "protobuf needs schema_registry.url (Confluent wire format)")
+    if fmt.type == "protobuf" and not registry.enabled:
+        raise ConfigError("format.type", "protobuf needs a schema registry (schema_registry.url, or type = 'glue')")
     if fmt.key == "avro" and not registry.enabled:
         raise ConfigError("format.key", "avro keys need a schema registry (schema_registry.url, or type = 'glue')")
     if fmt.gzip and fmt.type not in ("json", "raw"):
@@ -139,8 +139,8 @@ def _validate_format(config: Config) -> None:
 
 
 def _validate_glue(config: Config) -> None:
-    """``schema_registry.type = "glue"``: Glue's keys only, and a format it can serve (Avro or JSON values in
-    Glue's wire format)."""
+    """``schema_registry.type = "glue"``: Glue's keys only, and a format it can serve (Avro, Protobuf or JSON values
+    in Glue's wire format)."""
     fmt, registry = config.format, config.schema_registry
     if registry.type != "glue":
         for key in ("region", "endpoint_url"):
@@ -157,12 +157,11 @@ def _validate_glue(config: Config) -> None:
         raise ConfigError(
             "schema_registry.endpoint_url", f"expected an http:// or https:// URL, got {registry.endpoint_url!r}"
         )
-    if fmt.type == "protobuf":
-        raise ConfigError("format.type", "protobuf in Glue's wire format is not supported (avro and json are)")
     if fmt.type == "raw" and fmt.key != "avro":
         raise ConfigError(
             "schema_registry.type",
-            f"'glue' decodes avro and json values and avro keys: raw values with format.key = {fmt.key!r} use none",
+            f"'glue' decodes avro, protobuf and json values and avro keys: raw values with format.key = {fmt.key!r} "
+            "use none",
         )
     if fmt.gzip and fmt.type == "json":
         raise ConfigError("format.gzip", "Glue's wire format says itself whether a payload is compressed (zlib)")

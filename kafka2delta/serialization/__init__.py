@@ -32,8 +32,9 @@ Formats:
 * ``avro``: a registry's wire format, Confluent's or AWS Glue's (``framing``: writer schema by id or
   schema version UUID, optional reader schema file), or bare datums written with
   ``format.avro_schema_file``; :func:`avro_to_arrow` gives the types.
-* ``protobuf``: Confluent wire format through the registry; the ``.proto`` text is compiled by protoc
-  (bundled in ``grpcio-tools``) once per schema id; :func:`protobuf_to_arrow` gives the types.
+* ``protobuf``: a registry's wire format, Confluent's or AWS Glue's (``framing``; the message type named the
+  wire format's way, ``protobuf_indexes``); the ``.proto`` text is compiled by protoc (bundled in
+  ``grpcio-tools``) once per schema; :func:`protobuf_to_arrow` gives the types.
 * ``json`` with the Glue registry (``glue_json``): JSON text behind Glue's header, each schema version
   checked in Glue, then the JSON lane.
 * ``raw``: the payload as one column (UTF-8 text or bytes).
@@ -67,13 +68,8 @@ from kafka2delta.serialization.base import (
 from kafka2delta.serialization.framing import ConfluentFraming, Framing, GlueFraming, split_glue
 from kafka2delta.serialization.glue_json import GlueJsonDeserializer
 from kafka2delta.serialization.json import JsonDeserializer, json_readable, parse_json, parse_json_object
-from kafka2delta.serialization.protobuf import (
-    ProtobufCodec,
-    ProtobufDeserializer,
-    compile_proto,
-    protobuf_to_arrow,
-    read_message_indexes,
-)
+from kafka2delta.serialization.protobuf import ProtobufCodec, ProtobufDeserializer, compile_proto, protobuf_to_arrow
+from kafka2delta.serialization.protobuf_indexes import glue_message_order, read_message_indexes
 from kafka2delta.serialization.raw import RawDeserializer
 
 __all__ = [
@@ -93,6 +89,7 @@ __all__ = [
     "build_deserializer",
     "build_key_decoder",
     "compile_proto",
+    "glue_message_order",
     "gunzip",
     "json_readable",
     "load_avro_schema_file",
@@ -127,9 +124,10 @@ def build_deserializer(format: FormatConfig, registry: Registry | None, topic: s
             )
         return AvroDeserializer(keys, AvroCodec(framing_of(registry), reader), topic=topic)
     if format.type == "protobuf":
-        if registry is None or isinstance(registry, GlueRegistry):
-            raise ConfigError("format.type", "protobuf needs schema_registry.url (Confluent wire format)")
-        return ProtobufDeserializer(keys, ProtobufCodec(registry), topic=topic)
+        framing = framing_of(registry)
+        if framing is None:
+            raise ConfigError("format.type", "protobuf needs a schema registry (schema_registry.url, or type = 'glue')")
+        return ProtobufDeserializer(keys, ProtobufCodec(framing), topic=topic)
     raise ConfigError("format.type", f"unknown format {format.type!r}")
 
 

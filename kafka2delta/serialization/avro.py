@@ -26,9 +26,8 @@ from fastavro.schema import SchemaParseException
 from kafka2delta.errors import ConfigError, MessageError
 from kafka2delta.records import PartitionMessages
 from kafka2delta.registry import RegisteredSchema
-from kafka2delta.serialization.avro_batch import ColumnReader, Datums, column_reader, lay_out, lay_out_unframed
+from kafka2delta.serialization.avro_batch import ColumnReader, Datums, column_reader, lay_out
 from kafka2delta.serialization.base import (
-    CONFLUENT_HEADER_BYTES,
     MAX_DOCUMENT_DEPTH,
     OBJECT_ADDRESS,
     BaseDeserializer,
@@ -37,7 +36,7 @@ from kafka2delta.serialization.base import (
     decode_error,
     document_depth,
 )
-from kafka2delta.serialization.framing import ConfluentFraming, Framing
+from kafka2delta.serialization.framing import Framing
 from kafka2delta.serialization.typed import (
     BrokenSchema,
     Convert,
@@ -322,15 +321,7 @@ class AvroCodec:
         """The payloads' datums end to end, each with its writer schema, for the column lane."""
         if self._registry is None:
             return lay_out(payloads, 0)
-        if isinstance(self._registry, ConfluentFraming):
-            return lay_out(payloads, CONFLUENT_HEADER_BYTES)
-        unframed: list[tuple[int, bytes, int] | None] = []
-        for payload in payloads:  # Glue: a header of its own, maybe zlib
-            try:
-                unframed.append(None if payload is None else self._registry.unframe(payload))
-            except MessageError:
-                unframed.append(None)
-        return lay_out_unframed(unframed)
+        return self._registry.lay_out(payloads)
 
     def unframe(self, payload: bytes) -> tuple[int, bytes, int]:
         """(schema id, the bytes holding the datum, where in them it starts); bare datums are schema 0."""

@@ -80,24 +80,6 @@ def lay_out(payloads: Sequence[bytes | None], header: int) -> Datums:
     return Datums(buffer, begins + header, ends, indexes, schema_ids.tolist())
 
 
-def lay_out_unframed(unframed: Sequence[tuple[int, bytes, int] | None]) -> Datums:
-    """Datums already split from their header: (schema id, the bytes holding it, where it starts), or None."""
-    known: dict[int, int] = {}
-    schemas = np.full(len(unframed), -1, np.int64)
-    starts = np.zeros(len(unframed), np.int64)
-    ends = np.zeros(len(unframed), np.int64)
-    pieces: list[bytes] = []
-    size = 0
-    for i, item in enumerate(unframed):
-        if item is not None:
-            schema_id, data, offset = item
-            schemas[i] = known.setdefault(schema_id, len(known))
-            starts[i], ends[i] = size + offset, size + len(data)
-            pieces.append(data)
-            size += len(data)
-    return Datums(b"".join(pieces) + bytes(PADDING), starts, ends, schemas, list(known))
-
-
 class _Unsupported(Exception):
     """The schema holds a type the column lane does not read."""
 

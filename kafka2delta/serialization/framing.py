@@ -1,12 +1,15 @@
 """How a registry-framed payload names its writer schema, paired with the registry that resolves the name.
 
-Two wire formats, one :class:`Framing` protocol the Avro lane reads through:
+Two wire formats, one :class:`Framing` protocol the Avro and Protobuf lanes read through:
 
 * Confluent (:class:`ConfluentFraming`): byte 0 is ``0``, bytes 1-4 the schema id (big-endian), then the
   datum. The id is looked up in a Confluent-API registry (:class:`kafka2delta.registry.SchemaRegistry`).
 * AWS Glue (:class:`GlueFraming`, AWS's serde library): byte 0 is the header version ``3``, byte 1 the
   compression (``0`` none, ``5`` zlib), bytes 2-17 the schema version UUID, then the datum (zlib-compressed
   with ``5``). The UUID is looked up with ``GetSchemaVersion`` (:class:`kafka2delta.registry_glue.GlueRegistry`).
+
+A Protobuf datum starts with the message type's index in its schema, written each wire format's own way
+(:mod:`kafka2delta.serialization.protobuf_indexes`); :attr:`Framing.protobuf_indexes` says which.
 
 A writer schema is named by an ``int`` either way (a Glue UUID is read as its 128-bit integer), so the
 caches and batch groups keyed by schema id serve both; :meth:`Framing.describe` names it in reasons.
@@ -19,9 +22,14 @@ from __future__ import annotations
 
 import uuid
 import zlib
-from typing import Protocol
+from collections.abc import Sequence
+from typing import Protocol, cast
 
+import numpy as np
+
+from kafka2delta.errors import MessageError
 from kafka2delta.registry import RegisteredSchema, SchemaRegistry
+from kafka2delta.serialization.avro_batch import PADDING, Datums, lay_out
 from kafka2delta.serialization.base import (
     CONFLUENT_HEADER_BYTES,
     MAX_DECOMPRESSED_BYTES,
@@ -29,6 +37,7 @@ from kafka2delta.serialization.base import (
     hex_bytes,
     split_confluent,
 )
+from kafka2delta.serialization.protobuf_indexes import CONFLUENT_INDEXES, GLUE_INDEXES, MessageIndexes
 
 GLUE_HEADER_VERSION = 3
 GLUE_COMPRESSION_NONE = 0
@@ -37,10 +46,20 @@ GLUE_HEADER_BYTES = 18  # header version, compression, 16-byte schema version UU
 
 
 class Framing(Protocol):
-    """A wire format and its registry, as the Avro lane needs them."""
+    """A wire format and its registry, as the Avro and Protobuf lanes need them."""
+
+    @property
+    def protobuf_indexes(self) -> MessageIndexes:
+        """How a Protobuf datum in this wire format names its message type."""
+        ...
 
     def unframe(self, payload: bytes) -> tuple[int, bytes, int]:
         """(the writer schema's number, the bytes holding the datum, where in them it starts)."""
+        ...
+
+    def lay_out(self, payloads: Sequence[bytes | None]) -> Datums:
+        """The payloads' datums end to end, each with its writer schema, for the column lanes; a payload not in
+        the wire format gets schema -1 (the per-message lane says why)."""
         ...
 
     def schema(self, schema_id: int) -> RegisteredSchema:
@@ -65,11 +84,16 @@ class GlueSchemas(Protocol):
 class ConfluentFraming:
     """The Confluent wire format: magic byte ``0``, a 4-byte schema id."""
 
+    protobuf_indexes: MessageIndexes = CONFLUENT_INDEXES
+
     def __init__(self, registry: SchemaRegistry) -> None:
         self.registry = registry
 
     def unframe(self, payload: bytes) -> tuple[int, bytes, int]:
         return split_confluent(payload), payload, CONFLUENT_HEADER_BYTES
+
+    def lay_out(self, payloads: Sequence[bytes | None]) -> Datums:
+        return lay_out(payloads, CONFLUENT_HEADER_BYTES)
 
     def schema(self, schema_id: int) -> RegisteredSchema:
         return self.registry.schema(schema_id)
@@ -84,12 +108,50 @@ class ConfluentFraming:
 class GlueFraming:
     """The AWS Glue Schema Registry wire format: header version ``3``, compression, schema version UUID."""
 
+    protobuf_indexes: MessageIndexes = GLUE_INDEXES
+
     def __init__(self, registry: GlueSchemas) -> None:
         self.registry = registry
 
     def unframe(self, payload: bytes) -> tuple[int, bytes, int]:
         version_id, datum = split_glue(payload)
         return version_id.int, datum, 0
+
+    def lay_out(self, payloads: Sequence[bytes | None]) -> Datums:
+        # Uncompressed payloads stay where they lie and their UUIDs are read for all of them at once; only the
+        # zlib ones are inflated (one by one) and put after the others.
+        laid = lay_out(payloads, 0)
+        data = np.frombuffer(laid.buffer, np.uint8)
+        begins = laid.starts  # each payload's first byte; PADDING zero bytes follow the last one
+        headed = (laid.schemas >= 0) & (laid.ends - begins >= GLUE_HEADER_BYTES) & (data[begins] == GLUE_HEADER_VERSION)
+        plain = np.flatnonzero(headed & (data[begins + 1] == GLUE_COMPRESSION_NONE))
+        schemas = np.full(len(payloads), -1, np.int64)
+        starts = begins + GLUE_HEADER_BYTES
+        ends = laid.ends.copy()
+        uuids = data[begins[plain, None] + np.arange(2, GLUE_HEADER_BYTES)]
+        versions, schemas[plain] = np.unique(
+            np.ascontiguousarray(uuids).view(np.dtype((np.void, 16))).ravel(), return_inverse=True
+        )
+        known = {int.from_bytes(version.tobytes(), "big"): index for index, version in enumerate(versions)}
+        pieces = [laid.buffer]
+        inflated: list[int] = []
+        inflated_schemas: list[int] = []
+        for row in np.flatnonzero(headed & (data[begins + 1] == GLUE_COMPRESSION_ZLIB)).tolist():
+            try:
+                version_id, datum = split_glue(cast(bytes, payloads[row]))
+            except MessageError:
+                continue  # the per-message lane says why
+            inflated.append(row)
+            inflated_schemas.append(known.setdefault(version_id.int, len(known)))
+            pieces.append(datum)
+        if not inflated:
+            return Datums(laid.buffer, starts, ends, schemas, list(known))
+        sizes = np.fromiter(map(len, pieces), np.int64, len(pieces))
+        ends[inflated] = np.cumsum(sizes)[1:]
+        starts[inflated] = ends[inflated] - sizes[1:]
+        schemas[inflated] = inflated_schemas
+        pieces.append(bytes(PADDING))
+        return Datums(b"".join(pieces), starts, ends, schemas, list(known))
 
     def schema(self, schema_id: int) -> RegisteredSchema:
         return self.registry.schema_version(uuid.UUID(int=schema_id))

@@ -1,6 +1,8 @@
-"""Protobuf payloads (``format.type = "protobuf"``): the Confluent wire format (magic byte, schema id,
-message indexes, message) through the schema registry. The ``.proto`` text is compiled by protoc
-(bundled in ``grpcio-tools``) once per schema id; :func:`protobuf_to_arrow` gives the Arrow types.
+"""Protobuf payloads (``format.type = "protobuf"``) in a registry's wire format, Confluent's (magic byte,
+schema id, message indexes, message) or AWS Glue's (header, schema version UUID, maybe zlib, message index,
+message): :mod:`~kafka2delta.serialization.framing` finds the schema, and
+:mod:`~kafka2delta.serialization.protobuf_indexes` the message type in it. The ``.proto`` text is compiled by
+protoc (bundled in ``grpcio-tools``) once per schema; :func:`protobuf_to_arrow` gives the Arrow types.
 """
 
 from __future__ import annotations
@@ -29,17 +31,12 @@ from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 from kafka2delta.bisection import isolate_failures
 from kafka2delta.errors import MessageError
 from kafka2delta.records import PartitionMessages
-from kafka2delta.registry import RegisteredSchema, SchemaRegistry
-from kafka2delta.serialization.avro_batch import ColumnReader, lay_out
-from kafka2delta.serialization.base import (
-    CONFLUENT_HEADER_BYTES,
-    BaseDeserializer,
-    Decoded,
-    KeyDecoder,
-    decode_error,
-    split_confluent,
-)
+from kafka2delta.registry import RegisteredSchema
+from kafka2delta.serialization.avro_batch import ColumnReader, Datums
+from kafka2delta.serialization.base import BaseDeserializer, Decoded, KeyDecoder, decode_error
+from kafka2delta.serialization.framing import Framing
 from kafka2delta.serialization.protobuf_batch import wire_reader
+from kafka2delta.serialization.protobuf_indexes import MessageIndexes
 from kafka2delta.serialization.typed import (
     BrokenSchema,
     Convert,
@@ -48,43 +45,6 @@ from kafka2delta.serialization.typed import (
     grouped_decode,
     remember_schema,
 )
-
-
-def _read_varint(data: bytes, offset: int) -> tuple[int, int]:
-    """A zigzag varint at ``offset``: (value, next offset)."""
-    result = 0
-    shift = 0
-    while True:
-        if offset >= len(data):
-            raise decode_error("truncated: the Confluent message-index array ends early")
-        byte = data[offset]
-        offset += 1
-        result |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            break
-        shift += 7
-        if shift > 63:
-            raise decode_error("not Confluent wire format: a message index varint is longer than 10 bytes")
-    return (result >> 1) ^ -(result & 1), offset
-
-
-def read_message_indexes(payload: bytes, offset: int = CONFLUENT_HEADER_BYTES) -> tuple[tuple[int, ...], int]:
-    """The Confluent message-index path after the header, and the offset of the message bytes.
-
-    A count (zigzag varint) then that many indexes; a count of 0 means ``[0]``, the first message
-    type of the file.
-    """
-    count, offset = _read_varint(payload, offset)
-    if count == 0:
-        return (0,), offset
-    if count < 0 or count > len(payload):  # every index takes at least one byte
-        raise decode_error(f"not Confluent wire format: message-index count {count}")
-    indexes: list[int] = []
-    for _ in range(count):
-        index, offset = _read_varint(payload, offset)
-        indexes.append(index)
-    return tuple(indexes), offset
-
 
 _WRAPPERS = {
     "google.protobuf.DoubleValue": pa.float64(),
@@ -358,7 +318,8 @@ class _ProtoMessage:
 
 @dataclass
 class _ProtoFile:
-    schema_id: int
+    schema: str
+    """How reasons name it (``schema id 7``, ``schema version <uuid>``)."""
     pool: Any
     top: list[Any]
     """Top-level message descriptors, in declaration order (message index 0, 1, …)."""
@@ -366,19 +327,25 @@ class _ProtoFile:
 
 
 class ProtobufCodec:
-    def __init__(self, registry: SchemaRegistry) -> None:
-        self._registry = registry
+    """Reads Protobuf messages framed by ``framing`` (Confluent's or Glue's wire format and its registry)."""
+
+    def __init__(self, framing: Framing) -> None:
+        self._framing = framing
         self._files: dict[int, _ProtoFile | BrokenSchema] = {}
 
     def read(self, payload: bytes) -> tuple[tuple[int, tuple[int, ...]], _ProtoMessage, dict[str, Any]]:
-        schema_id = split_confluent(payload)
-        indexes, offset = read_message_indexes(payload)
+        schema_id, data, offset = self._framing.unframe(payload)
+        indexes, offset = self._framing.protobuf_indexes.read(data, offset)
         message = self._message(schema_id, indexes)
         try:
-            parsed = message.cls.FromString(payload[offset:])
+            parsed = message.cls.FromString(data[offset:])
         except _PARSE_ERRORS as exc:
             raise decode_error(f"not a valid protobuf message {message.cls.DESCRIPTOR.full_name}: {exc}") from exc
         return (schema_id, indexes), message, message.convert(parsed)
+
+    def lay_out(self, payloads: Sequence[bytes | None]) -> Datums:
+        """The payloads' datums (message index, then message) end to end, each with its schema."""
+        return self._framing.lay_out(payloads)
 
     def columns_of(self, schema_id: int) -> _ProtoMessage | None:
         """The first message type of ``schema_id`` (message indexes ``[0]``) when the column lane reads it;
@@ -398,26 +365,27 @@ class ProtobufCodec:
             raise decode_error(loaded.reason)
         found = loaded.messages.get(indexes)
         if found is None:
-            found = loaded.messages[indexes] = _resolve_message(loaded, indexes)
+            found = loaded.messages[indexes] = _resolve_message(loaded, self._framing.protobuf_indexes, indexes)
         if isinstance(found, BrokenSchema):
             raise decode_error(found.reason)
         return found
 
     def _load(self, schema_id: int) -> _ProtoFile | BrokenSchema:
-        registered = self._registry.schema(schema_id)
+        registered = self._framing.schema(schema_id)
+        schema = self._framing.describe(schema_id)
         if registered.schema_type != "PROTOBUF":
-            return BrokenSchema(f"schema id {schema_id} is a {registered.schema_type} schema, not PROTOBUF")
+            return BrokenSchema(f"{schema} is a {registered.schema_type} schema, not PROTOBUF")
         files: dict[str, str] = {}
         main = f"kafka2delta_schema_{schema_id}.proto"
         files[main] = registered.schema
         reason = self._collect_references(registered, files, set())
         if reason is not None:
-            return BrokenSchema(f"schema id {schema_id}: {reason}")
+            return BrokenSchema(f"{schema}: {reason}")
         compiled = compile_proto(files, main)
         if isinstance(compiled, str):
-            return BrokenSchema(f"schema id {schema_id} does not compile: {compiled}")
+            return BrokenSchema(f"{schema} does not compile: {compiled}")
         pool, top = compiled
-        return _ProtoFile(schema_id, pool, top)
+        return _ProtoFile(schema, pool, top)
 
     def _collect_references(
         self, schema: RegisteredSchema, files: dict[str, str], seen: set[tuple[str, int]]
@@ -430,7 +398,7 @@ class ProtobufCodec:
             path = Path(reference.name)
             if path.is_absolute() or ".." in path.parts:
                 return f"reference name {reference.name!r} is not a relative path"
-            referenced = self._registry.referenced(reference.subject, reference.version)
+            referenced = self._framing.referenced(reference.subject, reference.version)
             files[reference.name] = referenced.schema
             reason = self._collect_references(referenced, files, seen)
             if reason is not None:
@@ -438,18 +406,12 @@ class ProtobufCodec:
         return None
 
 
-def _resolve_message(loaded: _ProtoFile, indexes: tuple[int, ...]) -> _ProtoMessage | BrokenSchema:
-    candidates = loaded.top
-    descriptor: Any = None
-    for depth, index in enumerate(indexes):
-        if not 0 <= index < len(candidates):
-            where = "top-level" if depth == 0 else f"nested in {descriptor.full_name}"
-            return BrokenSchema(
-                f"message index {list(indexes)} does not exist in schema id {loaded.schema_id} "
-                f"({len(candidates)} {where} message types)"
-            )
-        descriptor = candidates[index]
-        candidates = list(descriptor.nested_types)
+def _resolve_message(
+    loaded: _ProtoFile, message_indexes: MessageIndexes, indexes: tuple[int, ...]
+) -> _ProtoMessage | BrokenSchema:
+    descriptor = message_indexes.find(loaded.top, indexes, loaded.schema)
+    if isinstance(descriptor, str):
+        return BrokenSchema(descriptor)
     shapes = _ProtoShapes()
     shape = shapes.record(descriptor)
     convert = shape.fix if shape.fix is not None else _proto_generic
@@ -617,7 +579,7 @@ def _text(value: Any) -> str:
 
 
 class ProtobufDeserializer(BaseDeserializer):
-    """Protobuf messages in the Confluent wire format (magic, schema id, message indexes, message)."""
+    """Protobuf messages in a registry's wire format (see the module docstring)."""
 
     typed = True
 
@@ -641,8 +603,7 @@ class ProtobufDeserializer(BaseDeserializer):
         rest, and whatever the library lane declines, one by one."""
         if len(positions) < COLUMN_LANE_MIN_MESSAGES:
             return grouped_decode(messages, positions, self._read)
-        payloads = [messages.payloads[position] for position in positions]
-        datums = lay_out(payloads, CONFLUENT_HEADER_BYTES)
+        datums = self._codec.lay_out([messages.payloads[position] for position in positions])
         first_type = (datums.ends > datums.starts) & (np.frombuffer(datums.buffer, np.uint8)[datums.starts] == 0)
         at = np.asarray(positions, np.int64)
         one_by_one = at[(datums.schemas < 0) | ~first_type].tolist()
@@ -655,16 +616,16 @@ class ProtobufDeserializer(BaseDeserializer):
                 continue
             pieces: list[tuple[list[int], pa.Table]] = []
             if message.wire is not None:
-                # The bodies start after the header and the message-index byte (0: the first message type).
+                # The bodies start after the message-index byte (0: the first message type).
                 table, declined = message.wire.read(datums.buffer, datums.starts[rows] + 1, datums.ends[rows])
                 if declined.any():
                     table = table.filter(pa.array(~declined))
                 pieces.append((at[rows[~declined]].tolist(), table))
                 rows = rows[declined]  # the library lane reads them (and says why, if it cannot)
             if len(rows):
-                kept, table, left = self._library_lane(
-                    message, [payloads[row] for row in rows.tolist()], at[rows].tolist()
-                )
+                spans = zip(datums.starts[rows].tolist(), datums.ends[rows].tolist(), strict=True)
+                bodies = [datums.buffer[start + 1 : end] for start, end in spans]
+                kept, table, left = self._library_lane(message, bodies, at[rows].tolist())
                 one_by_one.extend(left)
                 if table is not None:
                     pieces.append((kept, table))
@@ -675,12 +636,11 @@ class ProtobufDeserializer(BaseDeserializer):
 
     @staticmethod
     def _library_lane(
-        message: _ProtoMessage, payloads: list[bytes | None], positions: Sequence[int]
+        message: _ProtoMessage, bodies: list[bytes], positions: Sequence[int]
     ) -> tuple[list[int], pa.Table | None, list[int]]:
-        """The messages parsed by the protobuf library, then one ``pa.array`` per field: (the positions read,
-        their table, the positions left to the per-message lane)."""
+        """The messages' bodies parsed by the protobuf library, then one ``pa.array`` per field: (the positions
+        read, their table, the positions left to the per-message lane)."""
         assert message.columns is not None
-        bodies = [(payload or b"")[CONFLUENT_HEADER_BYTES + 1 :] for payload in payloads]
         pieces, declined = isolate_failures(list(range(len(bodies))), message.parse_many(bodies), _PARSE_ERRORS)
         left = [positions[i] for i, _ in declined]  # the per-message lane says why
         parsed = [item for _, items in pieces for item in items]

@@ -1,4 +1,4 @@
-"""Avro and JSON in the AWS Glue Schema Registry's wire format end to end: a real broker, moto's Glue API served on
+"""Avro, Protobuf and JSON in the AWS Glue Schema Registry's wire format end to end: a real broker, moto's Glue API served on
 loopback (dev/s3.py's server: moto answers every service on its one port), the daemon as a process reaching
 Glue through boto3 with AWS credentials from its environment.
 
@@ -17,9 +17,10 @@ import pyarrow as pa
 import pytest
 
 from dev.s3 import FaultProxy, LocalS3
-from tests.support.glue import REGION, GlueSchemas, glue_avro, glue_client, glue_environment, glue_frame
+from tests.support.glue import REGION, GlueSchemas, glue_avro, glue_client, glue_environment, glue_frame, glue_protobuf
 from tests.support.harness import Daemon, Message, Setup, wait_for
-from tests.support.serialization import framed_avro
+from tests.support.protobuf import compile_with_protoc, message_class
+from tests.support.serialization import confluent, framed_avro
 
 V1: dict[str, Any] = {
     "type": "record",
@@ -32,6 +33,12 @@ V1: dict[str, Any] = {
     ],
 }
 V2: dict[str, Any] = {**V1, "fields": [*V1["fields"], {"name": "color", "type": ["null", "string"], "default": None}]}
+PROTO_V1 = """syntax = "proto3";
+package k2d.test;
+message Event { string id = 1; double amount = 2; User user = 3; }
+message User { int64 id = 1; }
+"""
+PROTO_V2 = PROTO_V1.replace("User user = 3; }", "User user = 3; optional string color = 4; }")
 UNKNOWN = uuid.UUID("00000000-0000-4000-8000-00000000beef")
 SCHEMA = {"id": "string not null", "amount": "double", "user": "struct<id:long>"}
 
@@ -102,6 +109,52 @@ def test_a_new_schema_version_mid_stream_becomes_a_column_without_a_restart(
     assert "not Glue wire format: header version byte 0x00, expected 0x03" in letters[1]["error"]
     assert f"{setup.topic.name}[0]@40" in daemon.log()
     assert setup.txn_versions() == {0: 42}
+
+
+def test_protobuf_in_glue_wire_format_with_a_new_schema_version_mid_stream(
+    setup_factory: Callable[..., Setup], daemon_factory: Callable[..., Daemon], moto_server: LocalS3
+) -> None:
+    setup = glue_setup(setup_factory, moto_server.endpoint, format="protobuf")
+    schemas = GlueSchemas(glue_client(moto_server.endpoint))
+    v1 = schemas.register(setup.topic.name, PROTO_V1, "PROTOBUF")
+    old = message_class(compile_with_protoc({"e.proto": PROTO_V1}, "e.proto"), "k2d.test.Event")
+    new = message_class(compile_with_protoc({"e.proto": PROTO_V2}, "e.proto"), "k2d.test.Event")
+
+    def proto_event(cls: Any, version: uuid.UUID, i: int, prefix: str, **extra: Any) -> bytes:
+        message = cls(id=f"{prefix}{i}", amount=i / 2, user={"id": i}, **extra)
+        return glue_protobuf(version, message, zlib_compressed=i % 2 == 1)
+
+    # 100 messages of one version: the column lanes read them.
+    setup.topic.produce_messages([Message(0, proto_event(old, v1, i, "a")) for i in range(100)])
+    daemon = daemon_factory(setup, env=glue_environment())
+    wait_for(lambda: len(setup.ids()) == 100, 60, "the v1 rows")
+    assert setup.table().schema().to_arrow().names == ["id", "amount", "user"]
+
+    v2 = schemas.register(setup.topic.name, PROTO_V2, "PROTOBUF")
+    setup.topic.produce_messages(
+        [Message(0, proto_event(new, v2, i, "b", **({"color": "red"} if i % 3 else {}))) for i in range(100)]
+        + [
+            Message(0, glue_frame(v2, b"\x05" + old(id="x").SerializeToString())),  # 200: no message type 5
+            Message(0, confluent(1, old(id="y").SerializeToString(), b"\x00")),  # 201: Confluent's framing
+            Message(0, proto_event(old, v1, 0, "c")),  # 202: v1 again, after v2
+        ]
+    )
+    wait_for(lambda: len(setup.ids()) == 201 and len(setup.dead_letters()) == 2, 60, "the v2 rows")
+    assert daemon.stop() == 0, daemon.log()[-3000:]
+
+    schema = pa.schema(setup.table().schema().to_arrow())
+    assert schema.names == ["id", "amount", "user", "color"]
+    assert schema.field("color").type == pa.string() and schema.field("color").nullable
+    rows = {r["id"]: r for r in setup.rows()}
+    assert len(rows) == 201
+    assert rows["a3"] == {"id": "a3", "amount": 1.5, "user": {"id": 3}, "color": None}
+    assert rows["b4"] == {"id": "b4", "amount": 2.0, "user": {"id": 4}, "color": "red"}
+    assert rows["b3"]["color"] is None and rows["c0"]["color"] is None
+    letters = setup.dead_letters()
+    assert [(r["offset"], r["stage"]) for r in letters] == [(200, "deserialize"), (201, "deserialize")]
+    assert letters[0]["error"].endswith(f"message index 5 does not exist in schema version {v2} (2 message types)")
+    assert "not Glue wire format: header version byte 0x00, expected 0x03" in letters[1]["error"]
+    assert setup.txn_versions() == {0: 202}
 
 
 def test_glue_unreachable_is_retried_with_the_offsets_held(

@@ -3,7 +3,8 @@
 Schemas are registered in a Glue API (moto's, in process with ``mock_aws`` or served on loopback by
 :class:`dev.s3.LocalS3`: moto's server answers every service on its one port) through boto3, and records
 are framed by hand: byte 0 the header version 3, byte 1 the compression (0 none, 5 zlib), bytes 2-17 the
-schema version UUID, then the Avro binary (zlib-compressed with 5).
+schema version UUID, then the Avro binary (zlib-compressed with 5). A Protobuf message is preceded by its type's
+index among the schema's message types sorted by full name (one unsigned varint), as AWS's serializer writes it.
 
     schemas = GlueSchemas(glue_client(server.endpoint))
     version = schemas.register("events", schema)
@@ -25,7 +26,16 @@ import fastavro
 from dev.s3 import ACCESS_KEY, REGION, SECRET_KEY
 
 REGISTRY = "k2d-test"
-__all__ = ["REGION", "REGISTRY", "GlueSchemas", "glue_avro", "glue_client", "glue_environment", "glue_frame"]
+__all__ = [
+    "REGION",
+    "REGISTRY",
+    "GlueSchemas",
+    "glue_avro",
+    "glue_client",
+    "glue_environment",
+    "glue_frame",
+    "glue_protobuf",
+]
 
 
 def glue_client(endpoint: str | None = None) -> Any:
@@ -53,10 +63,10 @@ class GlueSchemas:
         with contextlib.suppress(client.exceptions.AlreadyExistsException):
             client.create_registry(RegistryName=registry)
 
-    def register(self, schema_name: str, schema: dict[str, Any], data_format: str = "AVRO") -> uuid.UUID:
-        """The version id of ``schema`` (``AVRO`` or ``JSON``) under ``schema_name`` (a new schema, or its next
-        version)."""
-        definition = json.dumps(schema)
+    def register(self, schema_name: str, schema: dict[str, Any] | str, data_format: str = "AVRO") -> uuid.UUID:
+        """The version id of ``schema`` (``AVRO`` or ``JSON`` as a dict, ``PROTOBUF`` as ``.proto`` text) under
+        ``schema_name`` (a new schema, or its next version)."""
+        definition = schema if isinstance(schema, str) else json.dumps(schema)
         try:
             answer = self.client.create_schema(
                 RegistryId={"RegistryName": self.registry},
@@ -86,3 +96,21 @@ def glue_avro(
     out = io.BytesIO()
     fastavro.schemaless_writer(out, fastavro.parse_schema(schema), record)
     return glue_frame(version_id, out.getvalue(), zlib_compressed=zlib_compressed)
+
+
+def glue_protobuf(version_id: uuid.UUID, message: Any, *, zlib_compressed: bool = False) -> bytes:
+    """A Protobuf ``message`` (its schema is the one of ``version_id``) in Glue's wire format."""
+    index = sorted(_message_names(message.DESCRIPTOR.file.message_types_by_name.values())).index(
+        message.DESCRIPTOR.full_name
+    )
+    varint = bytearray()
+    while index > 0x7F:
+        varint.append(index & 0x7F | 0x80)
+        index >>= 7
+    varint.append(index)
+    return glue_frame(version_id, bytes(varint) + message.SerializeToString(), zlib_compressed=zlib_compressed)
+
+
+def _message_names(descriptors: Any) -> list[str]:
+    """The full names of ``descriptors`` and of every message type nested in them, depth first."""
+    return [name for d in descriptors for name in [d.full_name, *_message_names(d.nested_types)]]

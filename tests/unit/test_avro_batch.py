@@ -30,7 +30,7 @@ from kafka2delta.serialization import Decoded, Deserializer, build_deserializer
 from kafka2delta.serialization import avro as avro_module
 from kafka2delta.serialization import protobuf as protobuf_module
 from kafka2delta.serialization.avro import COLUMN_LANE_MIN_MESSAGES, AvroSchema, avro_to_arrow
-from kafka2delta.serialization.avro_batch import PADDING, ColumnReader, column_reader, lay_out, lay_out_unframed
+from kafka2delta.serialization.avro_batch import PADDING, ColumnReader, column_reader, lay_out
 from kafka2delta.serialization.typed import Shape, TypedGroup, typed_decode
 from tests.support.decode_lanes import CORRUPTIONS, assert_agree, corrupt, identical, note_lane, same
 from tests.support.protobuf import compile_with_protoc, message_class
@@ -339,13 +339,6 @@ def test_lay_out_reads_confluent_headers_as_the_per_message_lane_does() -> None:
     assert laid.buffer.endswith(bytes(PADDING))
     assert laid.buffer[laid.starts[0] : laid.ends[0]] == b"ab"
     assert laid.starts[3] == laid.ends[3]
-
-
-def test_lay_out_unframed() -> None:
-    laid = lay_out_unframed([(9, b"xxdatum", 2), None, (2**100, b"d2", 0)])
-    assert laid.schema_ids == [9, 2**100]
-    assert laid.schemas.tolist() == [0, -1, 1]
-    assert [laid.buffer[s:e] for s, e in zip(laid.starts, laid.ends, strict=True)] == [b"datum", b"", b"d2"]
 
 
 @pytest.mark.parametrize(

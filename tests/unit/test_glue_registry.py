@@ -22,6 +22,8 @@ from kafka2delta.errors import ConfigError, FatalError, MessageError, RetryableE
 from kafka2delta.registry import NEGATIVE_TTL_S
 from kafka2delta.registry_glue import GlueRegistry
 from kafka2delta.serialization import MAX_DECOMPRESSED_BYTES, build_deserializer, split_glue
+from kafka2delta.serialization.avro_batch import PADDING
+from kafka2delta.serialization.framing import GlueFraming
 from tests.support.glue import REGION, GlueSchemas, glue_avro, glue_client, glue_environment, glue_frame
 from tests.support.serialization import avro_datum, framed_avro, messages
 
@@ -61,6 +63,41 @@ def test_split_glue_refuses_what_is_not_its_wire_format(payload: bytes, reason: 
     with pytest.raises(MessageError) as caught:
         split_glue(payload)
     assert caught.value.stage == "deserialize" and reason in caught.value.reason
+
+
+def test_glue_lay_out_finds_what_unframe_finds() -> None:
+    """The column lanes' view of a batch (every datum and its schema version at once) agrees with the
+    per-message split, whatever the payloads around it."""
+    first, second = uuid.uuid4(), uuid.uuid4()
+    payloads: list[bytes | None] = [
+        glue_frame(first, b"\x02a"),
+        glue_frame(second, b"\x02bb" * 40, zlib_compressed=True),
+        None,
+        b"",
+        glue_frame(first, b""),
+        glue_frame(second, b"\x02c"),
+        b"\x03\x00" + bytes(10),  # truncated header
+        b"\x03\x05" + first.bytes + b"not zlib",
+        b"\x03\x01" + first.bytes + b"x",  # unknown compression
+        framed_avro(1, V1, {"id": "a", "n": 1}),  # Confluent's
+        glue_frame(UNKNOWN, b"\x02d", zlib_compressed=True),
+        glue_frame(first, b"\x02e", zlib_compressed=True),
+    ]
+    framing = GlueFraming(object())  # type: ignore[arg-type]  # lay_out never asks the registry
+    for batch in [payloads, *([payload] for payload in payloads), []]:
+        datums = framing.lay_out(batch)
+        for row, payload in enumerate(batch):
+            try:
+                version, datum = split_glue(payload) if payload is not None else (None, b"")
+            except MessageError:
+                version = None
+            if version is None:
+                assert datums.schemas[row] == -1, row
+                continue
+            assert uuid.UUID(int=datums.schema_ids[datums.schemas[row]]) == version, row
+            assert datums.buffer[datums.starts[row] : datums.ends[row]] == datum, row
+        assert datums.buffer.endswith(bytes(PADDING))
+    assert len(framing.lay_out(payloads).schema_ids) == 3
 
 
 # --- the registry edge ---------------------------------------------------------------------------
@@ -313,8 +350,8 @@ def test_glue_config_loads_and_opens_the_glue_edge(tmp_path: Path) -> None:
     ("text", "key", "words"),
     [
         ('[format]\ntype = "avro"\n[schema_registry]\ntype = "glue"\nurl = "http://r:8081"\n', "schema_registry.url", "boto3"),
-        ('[format]\ntype = "protobuf"\n[schema_registry]\ntype = "glue"\n', "format.type", "not supported"),
-        ('[format]\ntype = "raw"\n[schema_registry]\ntype = "glue"\n', "schema_registry.type", "avro and json values"),
+        ('[format]\ntype = "protobuf"\n', "format.type", "schema_registry.url, or type = 'glue'"),
+        ('[format]\ntype = "raw"\n[schema_registry]\ntype = "glue"\n', "schema_registry.type", "avro, protobuf and json values"),
         ('[format]\ntype = "json"\ngzip = true\n[schema_registry]\ntype = "glue"\n', "format.gzip", "zlib"),
         ('[format]\ntype = "avro"\n[schema_registry]\ntype = "glue"\nendpoint_url = "glue:1"\n', "schema_registry.endpoint_url", "http"),
         ('[format]\ntype = "avro"\n[schema_registry]\nurl = "http://r:8081"\nregion = "eu-west-1"\n', "schema_registry.region", "'glue'"),

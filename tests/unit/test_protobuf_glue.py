@@ -1,0 +1,129 @@
+"""Protobuf in the AWS Glue Schema Registry's wire format: Glue's message index (the type's place among the
+schema's message types sorted by full name), through the real Glue edge against moto's Glue API in process.
+
+Each message must decode alone as it does in a batch large enough for the column lanes, whatever its
+neighbours; what is not Glue's Protobuf is a dead letter naming why."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from moto import mock_aws
+
+from kafka2delta.config import FormatConfig, SchemaRegistryConfig
+from kafka2delta.registry_glue import GlueRegistry
+from kafka2delta.serialization import Deserializer, build_deserializer, glue_message_order
+from kafka2delta.serialization import protobuf as protobuf_module
+from tests.support.glue import REGION, GlueSchemas, glue_client, glue_frame, glue_protobuf
+from tests.support.protobuf import compile_with_protoc, message_class
+from tests.support.serialization import confluent, messages
+
+# Event sorts first, so Glue writes it as index 0 (one 0 byte), the column lanes' case.
+V1 = """syntax = "proto3";
+package shop;
+message Order { string id = 1; repeated Line lines = 2; message Line { string sku = 1; int32 quantity = 2; } }
+message Event { string id = 1; double amount = 2; User user = 3; map<string, int64> counts = 4; }
+message User { int64 id = 1; }
+"""
+V2 = V1.replace("map<string, int64> counts = 4; }", "map<string, int64> counts = 4; optional string color = 5; }")
+UNKNOWN = uuid.UUID("00000000-0000-4000-8000-00000000beef")
+BATCH = 2 * protobuf_module.COLUMN_LANE_MIN_MESSAGES
+
+
+@pytest.fixture
+def glue() -> Iterator[GlueSchemas]:
+    with mock_aws():
+        yield GlueSchemas(glue_client())
+
+
+def deserializer() -> Deserializer:
+    edge = GlueRegistry(SchemaRegistryConfig(type="glue", region=REGION))
+    return build_deserializer(FormatConfig(type="protobuf"), edge, "events")
+
+
+def classes(text: str) -> dict[str, Any]:
+    pool = compile_with_protoc({"shop.proto": text}, "shop.proto")
+    names = ("Event", "Event.CountsEntry", "Order", "Order.Line", "User")
+    return {name: message_class(pool, f"shop.{name}") for name in names}
+
+
+def event(cls: Any, i: int, **extra: Any) -> Any:
+    return cls(id=f"e{i}", amount=i / 2, user={"id": i}, counts={"k": i}, **extra)
+
+
+def test_glue_counts_message_types_sorted_by_full_name() -> None:
+    # AWS's MessageIndexFinder documents this file as B = 0, B.A = 1, B.A.D = 2, B.C = 3.
+    pool = compile_with_protoc(
+        {"b.proto": "syntax = 'proto3'; message B { message C {} message A { message D {} } }"}, "b.proto"
+    )
+    top = [pool.FindMessageTypeByName("B")]
+    assert [d.full_name for d in glue_message_order(top)] == ["B", "B.A", "B.A.D", "B.C"]
+    # Map entries are message types too, where protoc declares them.
+    shop = compile_with_protoc({"shop.proto": V1}, "shop.proto").FindFileByName("shop.proto")
+    names = [d.full_name for d in glue_message_order(list(shop.message_types_by_name.values()))]
+    assert names == ["shop.Event", "shop.Event.CountsEntry", "shop.Order", "shop.Order.Line", "shop.User"]
+
+
+def test_protobuf_in_glue_wire_format_in_both_lanes(glue: GlueSchemas) -> None:
+    v1, v2 = glue.register("events", V1, "PROTOBUF"), glue.register("events", V2, "PROTOBUF")
+    old, new = classes(V1), classes(V2)
+    payloads = [glue_protobuf(v1, event(old["Event"], i), zlib_compressed=i % 3 == 0) for i in range(BATCH)]
+    payloads += [glue_protobuf(v2, event(new["Event"], i, color="red" if i % 2 else None)) for i in range(BATCH)]
+    order = old["Order"](id="o1", lines=[{"sku": "a", "quantity": 2}])
+    payloads += [
+        glue_protobuf(v1, old["User"](id=7)),  # index 4
+        glue_protobuf(v2, order, zlib_compressed=True),  # index 2, nested messages inside
+        glue_protobuf(v1, old["Order"].Line(sku="b", quantity=1)),  # index 3, a nested type
+    ]
+    lanes = deserializer()
+    decoded = lanes.decode(messages(payloads), range(len(payloads)))
+    assert decoded.failures == [] and decoded.typed
+    column_lanes = [position for position in decoded.fast if position not in decoded.documents]
+    assert column_lanes == list(range(2 * BATCH))  # every Event, and nothing else
+    rows = dict(zip(decoded.fast, decoded.table.to_pylist(), strict=True))
+    # One table for the topic: the columns of every message type, null where a type has none.
+    assert rows[3] == {
+        **dict.fromkeys(decoded.table.column_names),
+        **{"id": "e3", "amount": 1.5, "user": {"id": 3}, "counts": [("k", 3)]},
+    }
+    assert rows[BATCH + 1]["color"] == "red" and rows[BATCH + 2]["color"] is None
+    assert decoded.documents[2 * BATCH] == {"id": 7}
+    assert decoded.documents[2 * BATCH + 1] == {"id": "o1", "lines": [{"sku": "a", "quantity": 2}]}
+    assert decoded.documents[2 * BATCH + 2] == {"sku": "b", "quantity": 1}
+    # Alone, through the per-message lane, each message decodes to the same values.
+    one_by_one = deserializer()
+    for position in (0, 3, BATCH + 1, BATCH + 2):
+        alone = one_by_one.decode(messages([payloads[position]]), [0])
+        assert alone.table.to_pylist()[0].items() <= rows[position].items()
+
+
+def test_what_is_not_glue_protobuf_is_a_dead_letter(glue: GlueSchemas) -> None:
+    version = glue.register("events", V1, "PROTOBUF")
+    avro = glue.register("avro-events", {"type": "record", "name": "E", "fields": []})
+    good = event(classes(V1)["Event"], 1)
+    body = good.SerializeToString()
+    payloads = [
+        glue_protobuf(version, good),
+        confluent(1, body, b"\x00"),  # Confluent's framing
+        glue_frame(version, b"\x09" + body),  # index 9: the file has 5 message types
+        glue_frame(version, b""),  # no index
+        glue_frame(version, b"\xff" * 11),  # a varint longer than 10 bytes
+        glue_frame(UNKNOWN, b"\x00" + body),
+        glue_frame(avro, b"\x00" + body),
+        glue_frame(version, b"\x00" + body[:-1]),  # truncated inside a field
+    ]
+    decoded = deserializer().decode(messages(payloads), range(len(payloads)))
+    assert decoded.fast == [0]
+    assert {position: error.reason for position, error in decoded.failures} == {
+        1: "not Glue wire format: header version byte 0x00, expected 0x03",
+        2: f"message index 9 does not exist in schema version {version} (5 message types)",
+        3: "truncated: the message index ends early",
+        4: "not Glue wire format: a message index varint is longer than 10 bytes",
+        5: f"schema version {UNKNOWN} is not in the Glue schema registry",
+        6: f"schema version {avro} is a AVRO schema, not PROTOBUF",
+        7: decoded.failures[-1][1].reason,
+    }
+    assert decoded.failures[-1][1].reason.startswith("not a valid protobuf message shop.Event")
