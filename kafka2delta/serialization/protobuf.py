@@ -322,7 +322,7 @@ class _ProtoFile:
     """How reasons name it (``schema id 7``, ``schema version <uuid>``)."""
     pool: Any
     top: list[Any]
-    """Top-level message descriptors, in declaration order (message index 0, 1, …)."""
+    """Top-level message descriptors, in declaration order (Confluent's message index 0, 1, …)."""
     messages: dict[tuple[int, ...], _ProtoMessage | BrokenSchema] = field(default_factory=dict)
 
 

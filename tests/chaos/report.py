@@ -22,6 +22,8 @@ ORDER = [
     "test_kill_points",
     "test_random_kills",
     "test_fan_out",
+    "test_replication",
+    "test_apply_changes",
     "test_broker",
     "test_storage",
     "test_concurrent_writer",

@@ -33,15 +33,17 @@ from dev.postgres.postgres import Database
 from kafka2delta.config import load_config
 from kafka2delta.coordinator import Coordinator, NoBackend
 from kafka2delta.spark.apply_changes import ApplyChangesJob, resolve_options
+from tests.support.chaos import ChaosResult
 from tests.support.harness import ROOT, Daemon
 from tests.support.replication import (
     KEYS,
     KilledDaemon,
     Workload,
-    assert_equal_tables,
     committed,
+    compare_tables,
     config_text,
     high_watermarks,
+    record_comparisons,
     run_workload,
     wait_for_snapshot,
     wait_quiet,
@@ -134,7 +136,12 @@ class Jobs:
 
 
 def test_targets_equal_postgres_through_changelogs_apply_changes_and_sigkills(
-    postgres: Database, kafka_connect: ConnectClient, kafka_bootstrap: str, tmp_path: Path, spark: Any
+    postgres: Database,
+    kafka_connect: ConnectClient,
+    kafka_bootstrap: str,
+    tmp_path: Path,
+    spark: Any,
+    chaos_result: ChaosResult,
 ) -> None:
     prefix = f"apl{uuid.uuid4().hex[:8]}"
     workload = Workload(postgres, prefix, seed=20261126)
@@ -181,6 +188,8 @@ def test_targets_equal_postgres_through_changelogs_apply_changes_and_sigkills(
     workload_done.set()  # the job's turn under way ends while the daemon catches up
     wait_quiet(kafka_bootstrap, topics)
     messages = sum(high_watermarks(kafka_bootstrap, topics).values())
+    chaos_result.scenario = "apply-changes, PostgreSQL → Debezium → 3 changelog tables → Spark MERGE, SIGKILLs"
+    daemon.record_kills(chaos_result)
     assert daemon.current.stop() == 0, daemon.current.log()[-3000:]
     final = daemon.start("--until-caught-up")
     assert final.wait(300) == 0, final.log()[-3000:]
@@ -198,17 +207,25 @@ def test_targets_equal_postgres_through_changelogs_apply_changes_and_sigkills(
         jobs.run_here(spark, name)  # while the accounts job's turns go on
     applying.join(900)
     assert not applying.is_alive() and not job_failures, job_failures
+    chaos_result.fault("job SIGKILL at after_apply_merge", job_kills["fault"])
+    chaos_result.fault("job SIGKILL", job_kills["outside"])
     assert job_kills == {"fault": 1, "outside": 1}
 
     jobs.run("accounts")
     with workload.connect() as conn:
-        for name in KEYS:
-            target = spark.read.format("delta").load(jobs.target(name)).toArrow()
-            assert_equal_tables(conn, name, target.to_pylist(), "json")
+        targets = {name: spark.read.format("delta").load(jobs.target(name)).toArrow() for name in KEYS}
+        comparisons = [compare_tables(conn, name, target.to_pylist(), "json") for name, target in targets.items()]
+    chaos_result.notes = f"{SNAPSHOT_ROWS:,} snapshot rows per table, {OPERATIONS:,} operations; "
+    record_comparisons(chaos_result, comparisons, messages)
+    for comparison in comparisons:
+        comparison.check()
     replayed = jobs.replays_skipped()
     assert replayed >= 1, [report["details"] for report in jobs.reports]  # the interrupted one changed nothing
     properties = spark.sql(f"SHOW TBLPROPERTIES delta.`{jobs.target('accounts')}`").collect()
     assert {"key": "delta.enableDeletionVectors", "value": "true"} in [row.asDict() for row in properties]
+    chaos_result.notes += (
+        f"changelogs verified; {len(jobs.started) + len(here)} job turns, {replayed} replayed micro-batch(es) skipped"
+    )
     print(
         f"\napply-changes replication: {SNAPSHOT_ROWS} snapshot rows per table, {OPERATIONS} operations, "
         f"{KILLS} daemon kills, 2 job kills (after a MERGE, from outside), {messages} change events, "

@@ -23,14 +23,16 @@ from deltalake import DeltaTable
 
 from dev.connect.connect import ConnectClient, Converter, debezium_postgres_config
 from dev.postgres.postgres import Database
+from tests.support.chaos import ChaosResult
 from tests.support.harness import ROOT
 from tests.support.replication import (
     KEYS,
     KilledDaemon,
     Workload,
-    assert_equal_tables,
+    compare_tables,
     config_text,
     high_watermarks,
+    record_comparisons,
     run_workload,
     wait_for_snapshot,
     wait_quiet,
@@ -51,6 +53,7 @@ def test_postgres_tables_equal_their_delta_tables_through_debezium_and_sigkills(
     tmp_path: Path,
     converter: Converter,
     request: pytest.FixtureRequest,
+    chaos_result: ChaosResult,
 ) -> None:
     registry = request.getfixturevalue("schema_registry_url") if converter == "avro" else None
     prefix = f"rep{uuid.uuid4().hex[:8]}"
@@ -72,22 +75,22 @@ def test_postgres_tables_equal_their_delta_tables_through_debezium_and_sigkills(
     run_workload(workload, OPERATIONS, daemon.on_step)
     wait_quiet(kafka_bootstrap, topics)
     messages = sum(high_watermarks(kafka_bootstrap, topics).values())
-    fired = [
-        line.split("SIGKILL at ")[1]
-        for log in tmp_path.glob("daemon-*.log")
-        for line in log.read_text().splitlines()
-        if "fault injection: SIGKILL at" in line
-    ]
+    chaos_result.scenario = f"replication, PostgreSQL → Debezium ({converter}) → 3 upsert tables, SIGKILLs"
+    fired = daemon.record_kills(chaos_result)
     assert daemon.current.stop() == 0, daemon.current.log()[-3000:]
     final = daemon.start("--until-caught-up")
     assert final.wait(300) == 0, final.log()[-3000:]
 
     with workload.connect() as conn:
-        for name in KEYS:
-            table = DeltaTable(f"{tmp_path}/tables/{prefix}.{prefix}.{name}").to_pyarrow_table()
-            assert_equal_tables(conn, name, table.to_pylist(), converter)
-            if name == "accounts":
-                assert pa.types.is_decimal(table.schema.field("amount").type)
+        tables_read = {
+            name: DeltaTable(f"{tmp_path}/tables/{prefix}.{prefix}.{name}").to_pyarrow_table() for name in KEYS
+        }
+        comparisons = [compare_tables(conn, name, table.to_pylist(), converter) for name, table in tables_read.items()]
+    chaos_result.notes = f"{SNAPSHOT_ROWS:,} snapshot rows per table, {OPERATIONS:,} operations; "
+    record_comparisons(chaos_result, comparisons, messages)
+    for comparison in comparisons:
+        comparison.check()
+    assert pa.types.is_decimal(tables_read["accounts"].schema.field("amount").type)
     letters = (
         DeltaTable(f"{tmp_path}/dead_letters").to_pyarrow_table() if Path(f"{tmp_path}/dead_letters").exists() else None
     )
@@ -101,6 +104,7 @@ def test_postgres_tables_equal_their_delta_tables_through_debezium_and_sigkills(
         timeout=300,
     )
     assert verify.returncode == 0, verify.stdout + verify.stderr
+    chaos_result.notes += "verify OK"
     print(
         f"\nreplication ({converter}): {SNAPSHOT_ROWS} snapshot rows per table, {OPERATIONS} operations, {KILLS} SIGKILLs (self-inflicted at {sorted(fired)}), "
         f"{messages} change events: every Delta table equals its PostgreSQL table; verify OK",

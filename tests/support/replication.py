@@ -10,6 +10,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from confluent_kafka import Consumer, KafkaException
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from dev.postgres.postgres import Database
+from tests.support.chaos import ChaosResult
 from tests.support.harness import Daemon
 
 ACCOUNTS = """CREATE TABLE accounts (
@@ -206,6 +208,20 @@ class KilledDaemon:
         env = {**self._env, "K2D_FAULT_INJECT": fault} if fault else self._env
         return Daemon([*self._args, *extra], env, self._logs / f"daemon-{next(self._runs)}.log")
 
+    def record_kills(self, result: ChaosResult) -> list[str]:
+        """The kills made so far, in ``result``'s faults: the fault points that fired (each a SIGKILL the daemon
+        made itself, named by its logs), the rest from outside. Returns the fault points that fired."""
+        fired = [
+            line.split("SIGKILL at ")[1]
+            for log in sorted(self._logs.glob("daemon-*.log"))
+            for line in log.read_text().splitlines()
+            if "fault injection: SIGKILL at" in line
+        ]
+        for point in fired:
+            result.fault(f"daemon SIGKILL at {point}")
+        result.fault("daemon SIGKILL", self._kills - len(self._kill_at) - len(fired))
+        return fired
+
     def on_step(self, step: int) -> None:
         if self._kill_at and step == self._kill_at[0]:
             self._kill_at.pop(0)
@@ -284,8 +300,35 @@ def delta_value(column: str, value: Any, converter: str) -> Any:
     return normalized(value)
 
 
-def assert_equal_tables(conn: Any, name: str, rows: Sequence[dict[str, Any]], converter: str) -> None:
-    """The Delta table's ``rows`` equal ``SELECT * FROM name`` row by row and value by value (one row per key)."""
+@dataclass
+class Comparison:
+    """A current-state Delta table against its source table, key by key."""
+
+    name: str
+    source_rows: int
+    missing: list[tuple[Any, ...]]
+    """Keys of the source the table lacks (a change lost)."""
+    extra: list[tuple[Any, ...]]
+    """Keys the table holds and the source does not (a delete lost)."""
+    differing: list[tuple[Any, ...]]
+    """Keys whose values differ (an update lost, or applied out of order)."""
+    duplicated: int
+    """Table rows beyond one per key."""
+    example: str = ""
+
+    @property
+    def wrong(self) -> int:
+        """Rows the table gets wrong: missing, extra or differing."""
+        return len(self.missing) + len(self.extra) + len(self.differing)
+
+    def check(self) -> None:
+        assert self.duplicated == 0, f"{self.name}: {self.duplicated} rows beyond one per key"
+        assert not self.missing and not self.extra, f"{self.name}: missing {self.missing[:5]}, extra {self.extra[:5]}"
+        assert not self.differing, f"{self.name}: {len(self.differing)} rows differ, e.g. {self.example}"
+
+
+def compare_tables(conn: Any, name: str, rows: Sequence[dict[str, Any]], converter: str) -> Comparison:
+    """The Delta table's ``rows`` against ``SELECT * FROM name``, row by row and value by value."""
     key = KEYS[name]
     cursor = conn.execute(f"SELECT * FROM {name}")
     columns = [c.name for c in cursor.description or []]
@@ -295,12 +338,34 @@ def assert_equal_tables(conn: Any, name: str, rows: Sequence[dict[str, Any]], co
     }
     assert not rows or set(columns) <= set(rows[0]), (name, columns, list(rows[0]))
     delta = {tuple(row[k] for k in key): {c: delta_value(c, row[c], converter) for c in columns} for row in rows}
-    assert len(delta) == len(rows)  # one row per key
-    missing = sorted(set(source) - set(delta))[:5]
-    extra = sorted(set(delta) - set(source))[:5]
-    assert not missing and not extra, f"{name}: missing {missing}, extra {extra}"
-    differing = [k for k in source if source[k] != delta[k]]
-    assert not differing, f"{name}: {len(differing)} rows differ, e.g. {source[differing[0]]} != {delta[differing[0]]}"
+    differing = [k for k in source if k in delta and source[k] != delta[k]]
+    return Comparison(
+        name,
+        len(source),
+        missing=sorted(set(source) - set(delta)),
+        extra=sorted(set(delta) - set(source)),
+        differing=differing,
+        duplicated=len(rows) - len(delta),
+        example=f"{source[differing[0]]} != {delta[differing[0]]}" if differing else "",
+    )
+
+
+def assert_equal_tables(conn: Any, name: str, rows: Sequence[dict[str, Any]], converter: str) -> None:
+    """The Delta table's ``rows`` equal ``SELECT * FROM name`` row by row and value by value (one row per key)."""
+    compare_tables(conn, name, rows, converter).check()
+
+
+def record_comparisons(result: ChaosResult, comparisons: Sequence[Comparison], messages: int) -> None:
+    """A replication scenario's figures for the fault matrix: ``lost`` counts the rows the tables get wrong
+    (missing, extra or differing from the source), ``duplicated`` the rows beyond one per key."""
+    result.figures.update(
+        messages=messages,
+        lost=sum(c.wrong for c in comparisons),
+        duplicated=sum(c.duplicated for c in comparisons),
+    )
+    equal = sum(c.wrong == 0 and c.duplicated == 0 for c in comparisons)
+    sizes = ", ".join(f"{c.name} {c.source_rows:,}" for c in comparisons)
+    result.notes += f"tables equal to PostgreSQL row by row: {equal} of {len(comparisons)} (source rows: {sizes}); "
 
 
 def config_text(
