@@ -126,8 +126,9 @@ class GlueFraming:
         headed = (laid.schemas >= 0) & (laid.ends - begins >= GLUE_HEADER_BYTES) & (data[begins] == GLUE_HEADER_VERSION)
         plain = np.flatnonzero(headed & (data[begins + 1] == GLUE_COMPRESSION_NONE))
         schemas = np.full(len(payloads), -1, np.int64)
-        starts = begins + GLUE_HEADER_BYTES
         ends = laid.ends.copy()
+        starts = ends.copy()  # a payload not in the format: an empty datum (the header is longer than PADDING)
+        starts[plain] = begins[plain] + GLUE_HEADER_BYTES
         uuids = data[begins[plain, None] + np.arange(2, GLUE_HEADER_BYTES)]
         versions, schemas[plain] = np.unique(
             np.ascontiguousarray(uuids).view(np.dtype((np.void, 16))).ravel(), return_inverse=True

@@ -561,13 +561,40 @@ def _serialized_descriptor(schema: str) -> Any:
         return None
 
 
+_CONFLUENT_TYPES = ("meta_pb2", "type.decimal_pb2", "type.variant_pb2", "types.decimal_pb2")
+_GOOGLE_TYPES = (
+    "calendar_period",
+    "color",
+    "date",
+    "datetime",
+    "dayofweek",
+    "decimal",
+    "expr",
+    "fraction",
+    "interval",
+    "latlng",
+    "localized_text",
+    "money",
+    "month",
+    "phone_number",
+    "postal_address",
+    "quaternion",
+    "timeofday",
+)
+
+
 @functools.cache
 def _builtin_protos() -> tuple[Any, ...]:
-    """Files Confluent treats as built in (never sent as references): its own confluent/*.proto."""
+    """Files the registries' serializers treat as built in (never sent as references): Confluent's own
+    confluent/*.proto, and Google's google/type/*.proto (googleapis-common-protos), which both Confluent and
+    AWS Glue resolve without a reference. AWS's own additionalTypes/decimal.proto and metadata/metadata.proto
+    are not among them: a schema importing one does not compile (its messages are dead letters naming it)."""
+    modules = [f"confluent_kafka.schema_registry.confluent.{name}" for name in _CONFLUENT_TYPES]
+    modules += [f"google.type.{name}_pb2" for name in _GOOGLE_TYPES]
     found = []
-    for module in ("meta_pb2", "type.decimal_pb2", "type.variant_pb2", "types.decimal_pb2"):
+    for module in modules:
         try:
-            loaded = importlib.import_module(f"confluent_kafka.schema_registry.confluent.{module}")
+            loaded = importlib.import_module(module)
         except ImportError:  # an older confluent-kafka: such imports then fail to compile, by name
             continue
         found.append(descriptor_pb2.FileDescriptorProto.FromString(loaded.DESCRIPTOR.serialized_pb))

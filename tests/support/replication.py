@@ -314,14 +314,19 @@ class Comparison:
     """Keys whose values differ (an update lost, or applied out of order)."""
     duplicated: int
     """Table rows beyond one per key."""
+    columns_missing: list[str]
+    """Source columns the table lacks (then every source row counts as wrong)."""
     example: str = ""
 
     @property
     def wrong(self) -> int:
         """Rows the table gets wrong: missing, extra or differing."""
+        if self.columns_missing:
+            return self.source_rows + len(self.extra)
         return len(self.missing) + len(self.extra) + len(self.differing)
 
     def check(self) -> None:
+        assert not self.columns_missing, f"{self.name}: the table lacks the columns {self.columns_missing}"
         assert self.duplicated == 0, f"{self.name}: {self.duplicated} rows beyond one per key"
         assert not self.missing and not self.extra, f"{self.name}: missing {self.missing[:5]}, extra {self.extra[:5]}"
         assert not self.differing, f"{self.name}: {len(self.differing)} rows differ, e.g. {self.example}"
@@ -336,8 +341,11 @@ def compare_tables(conn: Any, name: str, rows: Sequence[dict[str, Any]], convert
         tuple(row[columns.index(k)] for k in key): {c: normalized(v) for c, v in zip(columns, row, strict=True)}
         for row in cursor.fetchall()
     }
-    assert not rows or set(columns) <= set(rows[0]), (name, columns, list(rows[0]))
-    delta = {tuple(row[k] for k in key): {c: delta_value(c, row[c], converter) for c in columns} for row in rows}
+    present = set(rows[0]) if rows else set(columns)
+    delta = {
+        tuple(row[k] for k in key): {c: delta_value(c, row[c], converter) for c in columns if c in present}
+        for row in rows
+    }
     differing = [k for k in source if k in delta and source[k] != delta[k]]
     return Comparison(
         name,
@@ -346,6 +354,7 @@ def compare_tables(conn: Any, name: str, rows: Sequence[dict[str, Any]], convert
         extra=sorted(set(delta) - set(source)),
         differing=differing,
         duplicated=len(rows) - len(delta),
+        columns_missing=[c for c in columns if c not in present],
         example=f"{source[differing[0]]} != {delta[differing[0]]}" if differing else "",
     )
 

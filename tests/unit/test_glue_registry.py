@@ -86,6 +86,7 @@ def test_glue_lay_out_finds_what_unframe_finds() -> None:
     framing = GlueFraming(object())  # type: ignore[arg-type]  # lay_out never asks the registry
     for batch in [payloads, *([payload] for payload in payloads), []]:
         datums = framing.lay_out(batch)
+        assert (datums.starts <= datums.ends).all() and (datums.ends <= len(datums.buffer) - PADDING).all()
         for row, payload in enumerate(batch):
             try:
                 version, datum = split_glue(payload) if payload is not None else (None, b"")

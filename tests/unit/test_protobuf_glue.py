@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+from google.type import date_pb2  # type: ignore[import-untyped]
 from moto import mock_aws
 
 from kafka2delta.config import FormatConfig, SchemaRegistryConfig
@@ -105,8 +107,7 @@ def test_what_is_not_glue_protobuf_is_a_dead_letter(glue: GlueSchemas) -> None:
     avro = glue.register("avro-events", {"type": "record", "name": "E", "fields": []})
     good = event(classes(V1)["Event"], 1)
     body = good.SerializeToString()
-    payloads = [
-        glue_protobuf(version, good),
+    bad = [
         confluent(1, body, b"\x00"),  # Confluent's framing
         glue_frame(version, b"\x09" + body),  # index 9: the file has 5 message types
         glue_frame(version, b""),  # no index
@@ -114,16 +115,52 @@ def test_what_is_not_glue_protobuf_is_a_dead_letter(glue: GlueSchemas) -> None:
         glue_frame(UNKNOWN, b"\x00" + body),
         glue_frame(avro, b"\x00" + body),
         glue_frame(version, b"\x00" + body[:-1]),  # truncated inside a field
+        b"\x03\x00",  # the start of a header, last in the batch
     ]
+    # Enough good messages around them for the column lanes, and the bad ones among them and last.
+    payloads = [glue_protobuf(version, good)] * BATCH + bad + [glue_protobuf(version, good)] * BATCH + bad
     decoded = deserializer().decode(messages(payloads), range(len(payloads)))
-    assert decoded.fast == [0]
-    assert {position: error.reason for position, error in decoded.failures} == {
-        1: "not Glue wire format: header version byte 0x00, expected 0x03",
-        2: f"message index 9 does not exist in schema version {version} (5 message types)",
-        3: "truncated: the message index ends early",
-        4: "not Glue wire format: a message index varint is longer than 10 bytes",
-        5: f"schema version {UNKNOWN} is not in the Glue schema registry",
-        6: f"schema version {avro} is a AVRO schema, not PROTOBUF",
-        7: decoded.failures[-1][1].reason,
+    assert decoded.fast == [*range(BATCH), *range(BATCH + len(bad), 2 * BATCH + len(bad))]
+    reasons = {position: error.reason for position, error in decoded.failures}
+    expected = [
+        "not Glue wire format: header version byte 0x00, expected 0x03",
+        f"message index 9 does not exist in schema version {version} (5 message types)",
+        "truncated: the message index ends early",
+        "not Glue wire format: a message index varint is longer than 10 bytes",
+        f"schema version {UNKNOWN} is not in the Glue schema registry",
+        f"schema version {avro} is a AVRO schema, not PROTOBUF",
+        "not a valid protobuf message shop.Event",
+        "truncated: 2 bytes, the Glue header needs 18",
+    ]
+    for first in (BATCH, 2 * BATCH + len(bad)):
+        found = [reasons[first + i] for i in range(len(bad))]
+        assert [reason[: len(text)] for reason, text in zip(found, expected, strict=True)] == expected
+
+
+def test_google_types_are_built_in_and_aws_own_imports_are_named(glue: GlueSchemas) -> None:
+    # AWS's serde resolves google/type/*.proto without a reference, as Confluent's does; its own
+    # additionalTypes/decimal.proto is not shipped here: such a schema's messages are dead letters naming it.
+    typed = """syntax = "proto3";
+package shop;
+import "google/type/date.proto";
+import "google/type/money.proto";
+message Payment { google.type.Date day = 1; google.type.Money amount = 2; }
+"""
+    version = glue.register("payments", typed, "PROTOBUF")
+    aws_own = glue.register(
+        "decimals", 'syntax = "proto3"; import "additionalTypes/decimal.proto"; message D {}', "PROTOBUF"
+    )
+    google = Path(date_pb2.__file__).parent  # the producer's copies of Google's files
+    files = {
+        "p.proto": typed,
+        **{f"google/type/{n}.proto": (google / f"{n}.proto").read_text() for n in ("date", "money")},
     }
-    assert decoded.failures[-1][1].reason.startswith("not a valid protobuf message shop.Event")
+    payment = message_class(compile_with_protoc(files, "p.proto"), "shop.Payment")
+    message = payment(day={"year": 2026, "month": 11, "day": 27}, amount={"currency_code": "EUR", "units": 3})
+    payloads = [glue_protobuf(version, message), glue_frame(aws_own, b"\x00")]
+    decoded = deserializer().decode(messages(payloads), range(len(payloads)))
+    assert decoded.table.to_pylist() == [
+        {"day": {"year": 2026, "month": 11, "day": 27}, "amount": {"currency_code": "EUR", "units": 3, "nanos": 0}}
+    ]
+    [(position, error)] = decoded.failures
+    assert position == 1 and 'Import "additionalTypes/decimal.proto" was not found' in error.reason
