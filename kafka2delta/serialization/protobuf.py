@@ -595,7 +595,7 @@ def _builtin_protos() -> tuple[Any, ...]:
     for module in modules:
         try:
             loaded = importlib.import_module(module)
-        except ImportError:  # an older confluent-kafka: such imports then fail to compile, by name
+        except ImportError:  # an older confluent-kafka or no googleapis-common-protos: such imports fail by name
             continue
         found.append(descriptor_pb2.FileDescriptorProto.FromString(loaded.DESCRIPTOR.serialized_pb))
     return tuple(found)
