@@ -12,7 +12,9 @@ each format and cut into :class:`PartitionMessages` of ``--batch`` messages (``k
 
 Formats: ``json`` (the demo event), ``avro`` (Confluent wire format: magic byte, schema id, datum; the writer
 schema from an in-memory registry), ``avro-file`` (bare datums with ``format.avro_schema_file``, the form the
-scaling bench produces), ``protobuf`` (Confluent wire format, the event as a proto3 message). A warm-up batch
+scaling bench produces), ``protobuf`` (Confluent wire format, the event as a proto3 message), and ``avro-glue``,
+``protobuf-glue`` (the same datums in the AWS Glue Schema Registry's wire format, uncompressed, the schema version
+from an in-memory Glue registry). A warm-up batch
 before timing loads the schemas (and compiles the ``.proto``). ``--profile FORMAT`` prints a cProfile of
 that format's pipeline instead of timing.
 """
@@ -28,6 +30,7 @@ import statistics
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -50,12 +53,14 @@ from kafka2delta.errors import MessageError
 from kafka2delta.pipeline import Pipeline
 from kafka2delta.records import PartitionMessages
 from kafka2delta.registry import RegisteredSchema, SchemaRegistry
+from kafka2delta.registry_glue import GlueRegistry
 from kafka2delta.schema import parse_schema
 from kafka2delta.serialization import Deserializer, build_deserializer
 from kafka2delta.transforms import Transformer
 
-FORMATS = ("json", "avro", "avro-file", "protobuf")
+FORMATS = ("json", "avro", "avro-file", "protobuf", "avro-glue", "protobuf-glue")
 SCHEMA_ID = 1
+GLUE_VERSION = uuid.UUID("6f1c2d3e-4b5a-4c6d-8e7f-000000000001")
 
 
 class MemoryRegistry(SchemaRegistry):
@@ -75,9 +80,31 @@ class MemoryRegistry(SchemaRegistry):
         raise MessageError("deserialize", f"no references here ({subject} v{version})")
 
 
+class MemoryGlue(GlueRegistry):
+    """The Glue registry edge, answering from memory (no boto3 client is made)."""
+
+    def __init__(self, schema: RegisteredSchema) -> None:  # the edge's own state (a boto3 client) is never used
+        self._schema = schema
+
+    def schema_version(self, version_id: uuid.UUID) -> RegisteredSchema:
+        if version_id != GLUE_VERSION:
+            raise MessageError("deserialize", f"schema version {version_id} is not in the Glue schema registry")
+        return self._schema
+
+
+def glue_framed(make: Maker) -> Maker:
+    """``make``'s Confluent-framed payloads in Glue's wire format instead (header 3, no compression, the version)."""
+    header = bytes([3, 0]) + GLUE_VERSION.bytes
+
+    def glue_event(partition: int, seq: int, ts: str) -> bytes:
+        return header + make(partition, seq, ts)[5:]  # the datum (Protobuf: the message index 0, then the message)
+
+    return glue_event
+
+
 def build_pipeline(format_name: str, work: Path) -> tuple[Pipeline, Deserializer, Maker]:
     """The pipeline ``cli.build_pipeline`` would build for the bench's table and transforms, and the payload maker."""
-    registry: SchemaRegistry | None = None
+    registry: SchemaRegistry | GlueRegistry | None = None
     if format_name == "json":
         config = FormatConfig(type="json")
         make: Maker = event_json
@@ -94,6 +121,14 @@ def build_pipeline(format_name: str, work: Path) -> tuple[Pipeline, Deserializer
         registry = MemoryRegistry({SCHEMA_ID: RegisteredSchema(SCHEMA_ID, "PROTOBUF", EVENT_PROTO)})
         config = FormatConfig(type="protobuf")
         make = protobuf_writer(SCHEMA_ID)
+    elif format_name == "avro-glue":
+        registry = MemoryGlue(RegisteredSchema(1, "AVRO", json.dumps(AVRO_SCHEMA)))
+        config = FormatConfig(type="avro")
+        make = glue_framed(avro_writer(SCHEMA_ID))
+    elif format_name == "protobuf-glue":
+        registry = MemoryGlue(RegisteredSchema(1, "PROTOBUF", EVENT_PROTO))
+        config = FormatConfig(type="protobuf")
+        make = glue_framed(protobuf_writer(SCHEMA_ID))
     else:
         raise SystemExit(f"unknown format {format_name!r} (one of {', '.join(FORMATS)})")
     deserializer = build_deserializer(config, registry, "events")
@@ -174,11 +209,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     results: dict[str, Any] = {}
     print(f"{args.messages:,} messages in batches of {args.batch:,}, CPU µs per message, median of {args.runs} runs")
-    print(f"{'format':<10} {'bytes':>6} {'deserialize':>12} {'pipeline':>9}")
+    print(f"{'format':<14} {'bytes':>6} {'deserialize':>12} {'pipeline':>9}")
     for name in args.formats.split(","):
         figures = results[name] = measure(name, args.messages, args.batch, args.runs)
         size, decode, whole = figures["payload_bytes"], figures["deserialize_us"], figures["pipeline_us"]
-        print(f"{name:<10} {size:>6.0f} {decode:>12.2f} {whole:>9.2f}")
+        print(f"{name:<14} {size:>6.0f} {decode:>12.2f} {whole:>9.2f}")
     if args.json:
         meta = {"messages": args.messages, "batch": args.batch, "runs": args.runs, "pyarrow": pa.__version__}
         args.json.write_text(json.dumps({"meta": meta, "formats": results}, indent=2) + "\n")
