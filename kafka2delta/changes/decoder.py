@@ -9,13 +9,15 @@ stages after it. What differs from an append table's deserializer:
   because they carry no row to transform or fit: they only name a key (a changelog's are rows like the others:
   the key and change columns, the rest null);
 * upserts whose Connect schema is known come back as one Arrow table typed by it (``typed``: the table is
-  created, and evolves, with the source's types), keys first; the rest as documents;
+  created, and evolves, with the source's types), keys first, and so do Protobuf values of envelope ``none``,
+  typed by their message type as an append table's are; the rest as documents;
 * the change columns (``_op``, ``_source_ts``, ``_lsn``; ``_deleted`` for soft deletes; ``_before`` for a
   changelog's before images) are added to every row the table has them for.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -30,6 +32,7 @@ from kafka2delta.errors import MessageError
 from kafka2delta.records import PartitionMessages
 from kafka2delta.serialization.avro import AvroDeserializer
 from kafka2delta.serialization.base import Decoded, Deserializer, KeyDecoder, decode_error
+from kafka2delta.serialization.protobuf import ProtobufDeserializer
 
 Unwrap = Callable[[Any, Any, Sequence[str]], Change]
 
@@ -85,24 +88,31 @@ class ChangeDeserializer:
             except MessageError as exc:
                 raise decode_error(f"key: {exc.reason}") from exc
         payload = messages.payloads[position]
-        value = self._read_value(messages, position, payload) if payload else None
+        value, value_type = self._read_value(messages, position, payload) if payload else (None, None)
         change = self._unwrap(value, key, self._options.key)
+        if value_type is not None and change.fields is None and not change.delete:
+            change = dataclasses.replace(change, fields=tuple(value_type))
         missing = [column for column in self._options.key if change.row.get(column) is None]
         if missing:
             what = "delete" if change.delete else "row"
             raise decode_error(f"the {what} has no value for the key column(s) {missing}")
         return change
 
-    def _read_value(self, messages: PartitionMessages, position: int, payload: bytes) -> Any:
-        """The decoded value; an Avro one wrapped with the Connect schema its writer schema carries, as the JSON
-        converter would have embedded it (so both go through the same conversions)."""
+    def _read_value(
+        self, messages: PartitionMessages, position: int, payload: bytes
+    ) -> tuple[Any, pa.StructType | None]:
+        """The decoded value, and the Arrow type of the row when the format gives one outside a Connect schema (a
+        Protobuf value of envelope ``none``). An Avro value comes wrapped with the Connect schema its writer schema
+        carries, as the JSON converter would have embedded it (so both go through the same conversions)."""
+        if isinstance(self._inner, ProtobufDeserializer) and self._options.envelope == "none":
+            return self._inner.typed_document(payload)  # (the key was decoded by change())
         if not isinstance(self._inner, AvroDeserializer):
-            return self._inner.document(messages, position)
+            return self._inner.document(messages, position), None
         schema_id, writer, datum = self._inner.codec.read_record(payload)
         schema = self._connect_schemas.get(schema_id)
         if schema is None:
             schema = self._connect_schemas[schema_id] = connect_schema(writer.parsed)
-        return {"schema": schema, "payload": datum}
+        return {"schema": schema, "payload": datum}, None
 
     def _document(self, change: Change) -> dict[str, Any]:
         row = change.row if change.fields is not None else self._fitted(change.row)

@@ -618,6 +618,13 @@ class ProtobufDeserializer(BaseDeserializer):
     def _document(self, payload: bytes) -> dict[str, Any]:
         return self._codec.read(payload)[2]
 
+    def typed_document(self, payload: bytes) -> tuple[dict[str, Any], pa.StructType | None]:
+        """One message's values and the Arrow type its message type gives them (None when that type has fields no
+        Arrow type holds faithfully: a recursive message). The upsert lanes type their rows with it."""
+        _, message, value = self._codec.read(payload)
+        arrow = message.shape.arrow
+        return value, arrow if isinstance(arrow, pa.StructType) and not message.shape.slow else None
+
     def _read(self, payload: bytes) -> tuple[Hashable, Shape, dict[str, Any]]:
         key, message, value = self._codec.read(payload)
         return key, message.shape, value

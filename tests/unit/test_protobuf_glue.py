@@ -11,16 +11,21 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
+from deltalake import DeltaTable
 from google.type import date_pb2  # type: ignore[import-untyped]
 from moto import mock_aws
 
-from kafka2delta.config import FormatConfig, SchemaRegistryConfig
+from kafka2delta.config import FormatConfig, SchemaRegistryConfig, load_config
+from kafka2delta.records import TopicPartition
 from kafka2delta.registry_glue import GlueRegistry
 from kafka2delta.serialization import Deserializer, build_deserializer, glue_message_order
 from kafka2delta.serialization import protobuf as protobuf_module
+from tests.support.debezium import change_batch
 from tests.support.glue import REGION, GlueSchemas, glue_client, glue_frame, glue_protobuf
 from tests.support.protobuf import compile_with_protoc, message_class
+from tests.support.runner import TopicsSource, ingest_until_caught_up
 from tests.support.serialization import confluent, messages
 
 # Event sorts first, so Glue writes it as index 0 (one 0 byte), the column lanes' case.
@@ -164,3 +169,51 @@ message Payment { google.type.Date day = 1; google.type.Money amount = 2; }
     ]
     [(position, error)] = decoded.failures
     assert position == 1 and 'Import "additionalTypes/decimal.proto" was not found' in error.reason
+
+
+def test_an_upsert_table_of_glue_protobuf_changes_with_tombstones_last(glue: GlueSchemas, tmp_path: Path) -> None:
+    """The loop over a real Delta table: a batch big enough for the column lanes whose last messages are tombstones
+    (a null value deletes its key) and a payload that is only the start of Glue's header (a dead letter)."""
+    version = glue.register("events", V1, "PROTOBUF")
+    cls = classes(V1)["Event"]
+    keys = [f'{{"id": "e{i % 100}"}}'.encode() for i in range(200)]
+    changes: list[tuple[bytes | None, bytes | None]] = [
+        (key, glue_protobuf(version, cls(id=f"e{i % 100}", amount=i / 2, user={"id": i}, counts={"k": i})))
+        for i, key in enumerate(keys)
+    ]  # every key twice: the second change (i + 100) wins
+    changes += [(f'{{"id": "e{i}"}}'.encode(), None) for i in range(10)] + [(keys[50], b"\x03")]
+    cfg = load_config(
+        None,
+        environ={
+            "K2D_KAFKA__BOOTSTRAP_SERVERS": "unused:1",
+            "K2D_KAFKA__TOPIC": "cdc",
+            "K2D_TABLE__URI": str(tmp_path / "table"),
+            "K2D_TABLE__MODE": "upsert",
+            "K2D_TABLE__KEY": "id",
+            "K2D_FORMAT__TYPE": "protobuf",
+            "K2D_FORMAT__KEY": "json",
+            "K2D_SCHEMA_REGISTRY__TYPE": "glue",
+            "K2D_SCHEMA_REGISTRY__REGION": REGION,
+            "K2D_DEAD_LETTERS__TABLE_URI": str(tmp_path / "dlq"),
+        },
+    )
+    tp = TopicPartition("cdc", 0)
+    ingest_until_caught_up(cfg, TopicsSource([change_batch(tp, 0, changes)], {tp: len(changes)}))
+    table = DeltaTable(str(tmp_path / "table"))
+    rows = {row["id"]: row for row in table.to_pyarrow_table().to_pylist()}
+    assert sorted(rows) == sorted(f"e{i}" for i in range(10, 100))
+    # Typed by the message type, as an append table is: the map a map, not a struct of the first keys seen.
+    assert pa.schema(table.schema().to_arrow()) == pa.schema(
+        [
+            pa.field("id", pa.string(), nullable=False),
+            ("amount", pa.float64()),
+            ("user", pa.struct([("id", pa.int64())])),
+            ("counts", pa.map_(pa.string(), pa.int64())),
+        ]
+    )
+    assert rows["e42"] == {"id": "e42", "amount": 71.0, "user": {"id": 142}, "counts": [("k", 142)]}
+    assert rows["e50"]["amount"] == 75.0  # the dead letter does not touch its key's row
+    letters = DeltaTable(str(tmp_path / "dlq")).to_pyarrow_table().to_pylist()
+    assert [(letter["offset"], letter["stage"]) for letter in letters] == [(210, "deserialize")]
+    assert "truncated: 1 bytes, the Glue header needs 18" in letters[0]["error"]
+    assert table.transaction_version("cdc-0") == 210
