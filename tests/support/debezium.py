@@ -7,8 +7,10 @@ import base64
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from kafka2delta.config import Config, load_config
 from kafka2delta.records import ConsumedBatch, PartitionMessages, TopicPartition
 
 ConnectField = dict[str, Any]
@@ -107,4 +109,22 @@ def change_batch(
                 keys=[key for key, _ in messages],
             )
         }
+    )
+
+
+def change_config(tmp_path: Path, mode: str, *, table: str = "table", **env: str) -> Config:
+    """An upsert or changelog table's config on local paths (``<tmp_path>/<table>``, dead letters in
+    ``<tmp_path>/dlq``): topic ``cdc``, key column ``id`` from JSON keys; ``env`` adds or overrides K2D_ settings."""
+    return load_config(
+        None,
+        environ={
+            "K2D_KAFKA__BOOTSTRAP_SERVERS": "unused:1",
+            "K2D_KAFKA__TOPIC": "cdc",
+            "K2D_TABLE__URI": str(tmp_path / table),
+            "K2D_TABLE__MODE": mode,
+            "K2D_TABLE__KEY": "id",
+            "K2D_FORMAT__KEY": "json",
+            "K2D_DEAD_LETTERS__TABLE_URI": str(tmp_path / "dlq"),
+            **env,
+        },
     )

@@ -14,10 +14,10 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from kafka2delta.config import Config, load_config
+from kafka2delta.config import Config
 from kafka2delta.errors import ConfigError
 from kafka2delta.records import TopicPartition
-from tests.support.debezium import SourceTable, change_batch, field
+from tests.support.debezium import SourceTable, change_batch, change_config, field
 from tests.support.runner import TopicsSource, ingest_until_caught_up
 
 P0 = TopicPartition("cdc", 0)
@@ -25,20 +25,7 @@ ITEMS = SourceTable("items", [field("id", "int64", optional=False), field("name"
 
 
 def config(tmp_path: Path, **env: str) -> Config:
-    return load_config(
-        None,
-        environ={
-            "K2D_KAFKA__BOOTSTRAP_SERVERS": "unused:1",
-            "K2D_KAFKA__TOPIC": "cdc",
-            "K2D_TABLE__URI": str(tmp_path / "changelog"),
-            "K2D_TABLE__MODE": "changelog",
-            "K2D_TABLE__KEY": "id",
-            "K2D_FORMAT__KEY": "json",
-            "K2D_FORMAT__ENVELOPE": "debezium",
-            "K2D_DEAD_LETTERS__TABLE_URI": str(tmp_path / "dlq"),
-            **env,
-        },
-    )
+    return change_config(tmp_path, "changelog", table="changelog", **{"K2D_FORMAT__ENVELOPE": "debezium", **env})
 
 
 def changelog(tmp_path: Path) -> list[dict[str, Any]]:

@@ -17,12 +17,12 @@ from deltalake import DeltaTable
 from google.type import date_pb2  # type: ignore[import-untyped]
 from moto import mock_aws
 
-from kafka2delta.config import FormatConfig, SchemaRegistryConfig, load_config
+from kafka2delta.config import FormatConfig, SchemaRegistryConfig
 from kafka2delta.records import TopicPartition
 from kafka2delta.registry_glue import GlueRegistry
 from kafka2delta.serialization import Deserializer, build_deserializer, glue_message_order
 from kafka2delta.serialization import protobuf as protobuf_module
-from tests.support.debezium import change_batch
+from tests.support.debezium import change_batch, change_config
 from tests.support.glue import REGION, GlueSchemas, glue_client, glue_frame, glue_protobuf
 from tests.support.protobuf import compile_with_protoc, message_class
 from tests.support.runner import TopicsSource, ingest_until_caught_up
@@ -182,20 +182,12 @@ def test_an_upsert_table_of_glue_protobuf_changes_with_tombstones_last(glue: Glu
         for i, key in enumerate(keys)
     ]  # every key twice: the second change (i + 100) wins
     changes += [(f'{{"id": "e{i}"}}'.encode(), None) for i in range(10)] + [(keys[50], b"\x03")]
-    cfg = load_config(
-        None,
-        environ={
-            "K2D_KAFKA__BOOTSTRAP_SERVERS": "unused:1",
-            "K2D_KAFKA__TOPIC": "cdc",
-            "K2D_TABLE__URI": str(tmp_path / "table"),
-            "K2D_TABLE__MODE": "upsert",
-            "K2D_TABLE__KEY": "id",
-            "K2D_FORMAT__TYPE": "protobuf",
-            "K2D_FORMAT__KEY": "json",
-            "K2D_SCHEMA_REGISTRY__TYPE": "glue",
-            "K2D_SCHEMA_REGISTRY__REGION": REGION,
-            "K2D_DEAD_LETTERS__TABLE_URI": str(tmp_path / "dlq"),
-        },
+    cfg = change_config(
+        tmp_path,
+        "upsert",
+        K2D_FORMAT__TYPE="protobuf",
+        K2D_SCHEMA_REGISTRY__TYPE="glue",
+        K2D_SCHEMA_REGISTRY__REGION=REGION,
     )
     tp = TopicPartition("cdc", 0)
     ingest_until_caught_up(cfg, TopicsSource([change_batch(tp, 0, changes)], {tp: len(changes)}))

@@ -14,31 +14,18 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from kafka2delta.config import Config, load_config
+from kafka2delta.config import Config
 from kafka2delta.coordinator import Coordinator, FileBackend
 from kafka2delta.errors import ConfigError
 from kafka2delta.records import ConsumedBatch, TopicPartition
-from tests.support.debezium import SourceTable, change_batch, decimal_bytes, field
+from tests.support.debezium import SourceTable, change_batch, change_config, decimal_bytes, field
 from tests.support.runner import TopicsSource, ingest_until_caught_up
 
 P0, P1 = TopicPartition("cdc", 0), TopicPartition("cdc", 1)
 
 
 def config(tmp_path: Path, **env: str) -> Config:
-    return load_config(
-        None,
-        environ={
-            "K2D_KAFKA__BOOTSTRAP_SERVERS": "unused:1",
-            "K2D_KAFKA__TOPIC": "cdc",
-            "K2D_TABLE__URI": str(tmp_path / "table"),
-            "K2D_TABLE__MODE": "upsert",
-            "K2D_TABLE__KEY": "id",
-            "K2D_FORMAT__KEY": "json",
-            "K2D_DEAD_LETTERS__TABLE_URI": str(tmp_path / "dlq"),
-            "K2D_INGEST__MAX_COMMIT_RETRIES": "3",
-            **env,
-        },
-    )
+    return change_config(tmp_path, "upsert", **{"K2D_INGEST__MAX_COMMIT_RETRIES": "3", **env})
 
 
 def plain(tp: TopicPartition, first: int, changes: list[tuple[int, dict[str, Any] | None]]) -> ConsumedBatch:
