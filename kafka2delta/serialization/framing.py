@@ -124,7 +124,8 @@ class GlueFraming:
         data = np.frombuffer(laid.buffer, np.uint8)
         begins = laid.starts  # each payload's first byte; PADDING zero bytes follow the last one
         headed = (laid.schemas >= 0) & (laid.ends - begins >= GLUE_HEADER_BYTES) & (data[begins] == GLUE_HEADER_VERSION)
-        plain = np.flatnonzero(headed & (data[begins + 1] == GLUE_COMPRESSION_NONE))
+        compression = data[begins + 1]
+        plain = np.flatnonzero(headed & (compression == GLUE_COMPRESSION_NONE))
         schemas = np.full(len(payloads), -1, np.int64)
         ends = laid.ends.copy()
         starts = ends.copy()  # a payload not in the format: an empty datum (the header is longer than PADDING)
@@ -137,7 +138,7 @@ class GlueFraming:
         pieces = [laid.buffer]
         inflated: list[int] = []
         inflated_schemas: list[int] = []
-        for row in np.flatnonzero(headed & (data[begins + 1] == GLUE_COMPRESSION_ZLIB)).tolist():
+        for row in np.flatnonzero(headed & (compression == GLUE_COMPRESSION_ZLIB)).tolist():
             try:
                 version_id, datum = split_glue(cast(bytes, payloads[row]))
             except MessageError:

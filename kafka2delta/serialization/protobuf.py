@@ -621,9 +621,8 @@ class ProtobufDeserializer(BaseDeserializer):
     def typed_document(self, payload: bytes) -> tuple[dict[str, Any], pa.StructType | None]:
         """One message's values and the Arrow type its message type gives them (None when that type has fields no
         Arrow type holds faithfully: a recursive message). The upsert lanes type their rows with it."""
-        _, message, value = self._codec.read(payload)
-        arrow = message.shape.arrow
-        return value, arrow if isinstance(arrow, pa.StructType) and not message.shape.slow else None
+        _, shape, value = self._read(payload)
+        return value, shape.arrow if isinstance(shape.arrow, pa.StructType) and not shape.slow else None
 
     def _read(self, payload: bytes) -> tuple[Hashable, Shape, dict[str, Any]]:
         key, message, value = self._codec.read(payload)

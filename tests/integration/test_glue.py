@@ -68,6 +68,19 @@ def event(schema: dict[str, Any], version: uuid.UUID, i: int, prefix: str, **ext
     return glue_avro(version, schema, record, zlib_compressed=i % 2 == 1)
 
 
+def assert_color_became_a_column(setup: Setup, *, rows: int, v1_after_v2: str) -> None:
+    """v1 rows (prefix ``a``), v2 rows with ``color`` (prefix ``b``, red unless i % 3 == 0), then a v1 row again: the
+    table gained a nullable string column, null where v1 wrote."""
+    schema = pa.schema(setup.table().schema().to_arrow())
+    assert schema.names == ["id", "amount", "user", "color"]
+    assert schema.field("color").type == pa.string() and schema.field("color").nullable
+    found = {r["id"]: r for r in setup.rows()}
+    assert len(found) == rows
+    assert found["a3"] == {"id": "a3", "amount": 1.5, "user": {"id": 3}, "color": None}
+    assert found["b4"] == {"id": "b4", "amount": 2.0, "user": {"id": 4}, "color": "red"}
+    assert found["b3"]["color"] is None and found[v1_after_v2]["color"] is None
+
+
 def test_a_new_schema_version_mid_stream_becomes_a_column_without_a_restart(
     setup_factory: Callable[..., Setup], daemon_factory: Callable[..., Daemon], moto_server: LocalS3
 ) -> None:
@@ -92,14 +105,7 @@ def test_a_new_schema_version_mid_stream_becomes_a_column_without_a_restart(
     wait_for(lambda: len(setup.ids()) == 41 and len(setup.dead_letters()) == 2, 60, "the v2 rows")
     assert daemon.stop() == 0, daemon.log()[-3000:]
 
-    schema = pa.schema(setup.table().schema().to_arrow())
-    assert schema.names == ["id", "amount", "user", "color"]
-    assert schema.field("color").type == pa.string() and schema.field("color").nullable
-    rows = {r["id"]: r for r in setup.rows()}
-    assert len(rows) == 41
-    assert rows["a3"] == {"id": "a3", "amount": 1.5, "user": {"id": 3}, "color": None}
-    assert rows["b4"] == {"id": "b4", "amount": 2.0, "user": {"id": 4}, "color": "red"}
-    assert rows["b3"]["color"] is None and rows["a99"]["color"] is None
+    assert_color_became_a_column(setup, rows=41, v1_after_v2="a99")
     # The column arrived in the same commit as the first rows carrying it.
     history = [h for h in setup.table().history() if h.get("kafka2delta", {}).get("added_columns")]
     assert len(history) == 1 and history[0]["kafka2delta"]["added_columns"] == ["color"]
@@ -142,14 +148,7 @@ def test_protobuf_in_glue_wire_format_with_a_new_schema_version_mid_stream(
     wait_for(lambda: len(setup.ids()) == 201 and len(setup.dead_letters()) == 2, 60, "the v2 rows")
     assert daemon.stop() == 0, daemon.log()[-3000:]
 
-    schema = pa.schema(setup.table().schema().to_arrow())
-    assert schema.names == ["id", "amount", "user", "color"]
-    assert schema.field("color").type == pa.string() and schema.field("color").nullable
-    rows = {r["id"]: r for r in setup.rows()}
-    assert len(rows) == 201
-    assert rows["a3"] == {"id": "a3", "amount": 1.5, "user": {"id": 3}, "color": None}
-    assert rows["b4"] == {"id": "b4", "amount": 2.0, "user": {"id": 4}, "color": "red"}
-    assert rows["b3"]["color"] is None and rows["c0"]["color"] is None
+    assert_color_became_a_column(setup, rows=201, v1_after_v2="c0")
     letters = setup.dead_letters()
     assert [(r["offset"], r["stage"]) for r in letters] == [(200, "deserialize"), (201, "deserialize")]
     assert letters[0]["error"].endswith(f"message index 5 does not exist in schema version {v2} (2 message types)")
