@@ -9,8 +9,8 @@ stages after it. What differs from an append table's deserializer:
   because they carry no row to transform or fit: they only name a key (a changelog's are rows like the others:
   the key and change columns, the rest null);
 * upserts whose Connect schema is known come back as one Arrow table typed by it (``typed``: the table is
-  created, and evolves, with the source's types), keys first, and so do Protobuf values of envelope ``none``,
-  typed by their message type as an append table's are; the rest as documents;
+  created, and evolves, with the source's types), keys first, and so do Protobuf values, typed by their message
+  type as an append table's are (a Debezium event's by its ``after`` image's); the rest as documents;
 * the change columns (``_op``, ``_source_ts``, ``_lsn``; ``_deleted`` for soft deletes; ``_before`` for a
   changelog's before images) are added to every row the table has them for.
 """
@@ -102,10 +102,12 @@ class ChangeDeserializer:
         self, messages: PartitionMessages, position: int, payload: bytes
     ) -> tuple[Any, pa.StructType | None]:
         """The decoded value, and the Arrow type of the row when the format gives one outside a Connect schema (a
-        Protobuf value of envelope ``none``). An Avro value comes wrapped with the Connect schema its writer schema
-        carries, as the JSON converter would have embedded it (so both go through the same conversions)."""
-        if isinstance(self._inner, ProtobufDeserializer) and self._options.envelope == "none":
-            return self._inner.typed_document(payload)  # (the key was decoded by change())
+        Protobuf value's message type; a Debezium event's row is its ``after`` image). An Avro value comes wrapped
+        with the Connect schema its writer schema carries, as the JSON converter would have embedded it (so both
+        go through the same conversions)."""
+        if isinstance(self._inner, ProtobufDeserializer):
+            value, value_type = self._inner.typed_document(payload)  # (the key was decoded by change())
+            return value, value_type if self._options.envelope == "none" else _image_type(value_type)
         if not isinstance(self._inner, AvroDeserializer):
             return self._inner.document(messages, position), None
         schema_id, writer, datum = self._inner.codec.read_record(payload)
@@ -162,3 +164,12 @@ class ChangeDeserializer:
             return pa.Table.from_pylist([documents[p] for p in typed], schema=schema), typed
         except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, ValueError, TypeError):
             return pa.table({}), []
+
+
+def _image_type(event: pa.StructType | None) -> pa.StructType | None:
+    """The row type of a Debezium event's message type: its ``after`` image's (the ``before`` image has the
+    same); None when the message has no such field."""
+    if event is None or event.get_field_index("after") < 0:
+        return None
+    image = event.field("after").type
+    return image if isinstance(image, pa.StructType) else None

@@ -69,7 +69,7 @@ def key_row(key: Any, key_columns: Sequence[str]) -> tuple[dict[str, Any], tuple
         return {key_columns[0]: payload}, None
     raise connect_error(
         f"the Kafka key {_shown(payload)} does not name the key columns {list(key_columns)}: give a key object "
-        '(format.key = "json" or "avro"), or one key column for a string key'
+        '(format.key = "json", "avro" or "protobuf"), or one key column for a string key'
     )
 
 

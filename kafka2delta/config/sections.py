@@ -214,12 +214,12 @@ class FormatConfig:
     with a registry it is the reader schema every writer schema is resolved to."""
     raw_column: str = "value"
     """``raw``: the column receiving the payload (a ``string`` column gets UTF-8 text, ``binary`` the bytes)."""
-    key: Literal["none", "string", "json", "avro"] = "none"
+    key: Literal["none", "string", "json", "avro", "protobuf"] = "none"
     """How the message key is decoded for ``kafka.key`` in transforms and for the deletes of upsert tables
-    (``avro`` needs the registry)."""
+    (``avro`` and ``protobuf``: in the registry's wire format, so they need the registry)."""
     envelope: Literal["none", "debezium"] = "none"
     """Upsert tables: ``none`` (the value is the key's new state) or ``debezium`` (change events with
-    ``before``/``after``/``op``, with or without the JSON converter's embedded schema, or Avro)."""
+    ``before``/``after``/``op``, with or without the JSON converter's embedded schema, or Avro or Protobuf)."""
 
 
 @dataclass(frozen=True)

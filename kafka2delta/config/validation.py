@@ -128,8 +128,10 @@ def _validate_format(config: Config) -> None:
         )
     if fmt.type == "protobuf" and not registry.enabled:
         raise ConfigError("format.type", "protobuf needs a schema registry (schema_registry.url, or type = 'glue')")
-    if fmt.key == "avro" and not registry.enabled:
-        raise ConfigError("format.key", "avro keys need a schema registry (schema_registry.url, or type = 'glue')")
+    if fmt.key in ("avro", "protobuf") and not registry.enabled:
+        raise ConfigError(
+            "format.key", f"{fmt.key} keys need a schema registry (schema_registry.url, or type = 'glue')"
+        )
     if fmt.gzip and fmt.type not in ("json", "raw"):
         raise ConfigError("format.gzip", f"gzip applies to json and raw payloads, not {fmt.type}")
     if fmt.avro_schema_file and fmt.type != "avro":
@@ -157,11 +159,11 @@ def _validate_glue(config: Config) -> None:
         raise ConfigError(
             "schema_registry.endpoint_url", f"expected an http:// or https:// URL, got {registry.endpoint_url!r}"
         )
-    if fmt.type == "raw" and fmt.key != "avro":
+    if fmt.type == "raw" and fmt.key not in ("avro", "protobuf"):
         raise ConfigError(
             "schema_registry.type",
-            f"'glue' decodes avro, protobuf and json values and avro keys: raw values with format.key = {fmt.key!r} "
-            "use none",
+            "'glue' decodes avro, protobuf and json values and avro and protobuf keys: raw values with "
+            f"format.key = {fmt.key!r} use none",
         )
     if fmt.gzip and fmt.type == "json":
         raise ConfigError("format.gzip", "Glue's wire format says itself whether a payload is compressed (zlib)")
@@ -227,7 +229,7 @@ def _validate_changes(config: Config) -> None:
         raise ConfigError(
             "format.key",
             "upsert and changelog tables read the key of a delete (a tombstone) from the Kafka key: "
-            'set "json", "avro" or "string"',
+            'set "json", "avro", "protobuf" or "string"',
         )
     if config.format.type == "raw":
         raise ConfigError(

@@ -139,11 +139,13 @@ def build_key_decoder(format: FormatConfig, registry: Registry | None) -> KeyDec
         return _string_key
     if format.key == "json":
         return parse_json
-    if format.key == "avro":
-        if registry is None:
-            raise ConfigError("format.key", "avro keys need a schema registry (schema_registry.url, or type = 'glue')")
-        codec = AvroCodec(framing_of(registry), None)
-        return codec.read_any
+    if format.key in ("avro", "protobuf"):
+        framing = framing_of(registry)
+        if framing is None:
+            raise ConfigError(
+                "format.key", f"{format.key} keys need a schema registry (schema_registry.url, or type = 'glue')"
+            )
+        return AvroCodec(framing, None).read_any if format.key == "avro" else ProtobufCodec(framing).read_value
     raise ConfigError("format.key", f"unknown key format {format.key!r}")
 
 

@@ -343,6 +343,10 @@ class ProtobufCodec:
             raise decode_error(f"not a valid protobuf message {message.cls.DESCRIPTOR.full_name}: {exc}") from exc
         return (schema_id, indexes), message, message.convert(parsed)
 
+    def read_value(self, payload: bytes) -> dict[str, Any]:
+        """One payload's message as a dict (how ``format.key = "protobuf"`` decodes a key)."""
+        return self.read(payload)[2]
+
     def lay_out(self, payloads: Sequence[bytes | None]) -> Datums:
         """The payloads' datums (message index, then message) end to end, each with its schema."""
         return self._framing.lay_out(payloads)

@@ -56,6 +56,9 @@ def test_environment_overrides_file_and_needs_no_file() -> None:
     assert "hunter22" in config.secret_values()
 
 
+GLUE_RAW = {"K2D_FORMAT__TYPE": "raw", "K2D_SCHEMA_REGISTRY__TYPE": "glue", "K2D_SCHEMA_REGISTRY__REGION": "eu-west-1"}
+
+
 @pytest.mark.parametrize(
     ("text", "env", "key", "words"),
     [
@@ -71,6 +74,8 @@ def test_environment_overrides_file_and_needs_no_file() -> None:
         (MINIMAL + "[table.schema]\nid = 'uuid'\n", {}, "table.schema", "unknown type"),
         (MINIMAL + "[table.schema]\nid = 'string'\n[table]\n", {}, "--config", "not valid TOML"),
         (MINIMAL + "[kafka.settings]\n'group.id' = 'x'\n", {}, "kafka.settings.group.id", "[kafka]"),
+        (MINIMAL, {"K2D_FORMAT__KEY": "protobuf"}, "format.key", "protobuf keys need a schema registry"),
+        (MINIMAL, {**GLUE_RAW, "K2D_FORMAT__KEY": "json"}, "schema_registry.type", "avro and protobuf keys"),
     ],
 )
 def test_errors_name_the_key(tmp_path: Path, text: str, env: dict[str, str], key: str, words: str) -> None:
@@ -78,6 +83,12 @@ def test_errors_name_the_key(tmp_path: Path, text: str, env: dict[str, str], key
         load_config(write(tmp_path, text), environ=env)
     assert key in str(raised.value)
     assert words in str(raised.value)
+
+
+@pytest.mark.parametrize("key", ["avro", "protobuf"])
+def test_glue_decodes_the_keys_of_raw_values(tmp_path: Path, key: str) -> None:
+    config = load_config(write(tmp_path, MINIMAL), environ={**GLUE_RAW, "K2D_FORMAT__KEY": key})
+    assert config.format.key == key
 
 
 def test_secret_values_never_printed_in_errors(tmp_path: Path) -> None:
