@@ -127,13 +127,16 @@ class Pipeline:
             outcome.added = added + outcome.added
         result = outcome.result(messages, self._schema)
         if self._schema is not before:
-            result = self._keep_used_columns(result, before)
+            result = self._keep_used_columns(result, before, outcome.declared)
         return result
 
-    def _keep_used_columns(self, result: ProcessedPartition, before: pa.Schema) -> ProcessedPartition:
-        """Keep only the new columns some row of the batch has a value for: fields seen only in messages
-        that were filtered out or became dead letters must not change the table."""
-        kept = _used_fields(before, self._schema, result.rows)
+    def _keep_used_columns(
+        self, result: ProcessedPartition, before: pa.Schema, declared: set[str]
+    ) -> ProcessedPartition:
+        """Keep only the new columns some row of the batch has a value for, or a schema of rows that landed
+        declares (``declared``): fields seen only in messages that were filtered out or became dead letters
+        must not change the table."""
+        kept = _used_fields(before, self._schema, result.rows, declared)
         if kept.equals(self._schema):
             return result
         dropped = evolve(kept, self._schema, inferred=False).added
@@ -180,7 +183,9 @@ class Pipeline:
         if fast_table is not None and fast_positions:
             coerced = coerce_table(fast_table, self._schema, self._options)
             outcome.unknown_fields += coerced.unknown_fields
-            outcome.add_rows(coerced.rows, [fast_positions[i] for i in coerced.kept])
+            landed = outcome.add_rows(coerced.rows, [fast_positions[i] for i in coerced.kept])
+            if decoded.typed and landed:
+                outcome.declared.update(fast_table.column_names)
             declined = {fast_positions[i]: decoded.documents.get(fast_positions[i]) for i in coerced.fallback}
             documents.update(self._slow_documents(messages, decoded, declined, outcome))
         self._coerce_documents(messages, documents, outcome)
@@ -312,8 +317,9 @@ class Pipeline:
             return None
 
 
-def _used_fields(before: pa.Schema, after: pa.Schema, rows: pa.Table) -> pa.Schema:
-    """``after`` without the fields it added to ``before`` that are null in every row of ``rows``."""
+def _used_fields(before: pa.Schema, after: pa.Schema, rows: pa.Table, declared: set[str]) -> pa.Schema:
+    """``after`` without the fields it added to ``before`` that are null in every row of ``rows``, except the
+    ``declared`` columns (a writer schema, Connect schema or message type says what they are)."""
 
     def keep(old: pa.DataType | None, new: pa.DataType, values: pa.ChunkedArray | pa.Array) -> pa.DataType | None:
         if old is None:
@@ -333,7 +339,7 @@ def _used_fields(before: pa.Schema, after: pa.Schema, rows: pa.Table) -> pa.Sche
     columns = []
     for column in after:
         old = before.field(column.name).type if column.name in before.names else None
-        column_type = keep(old, column.type, rows.column(column.name))
+        column_type = column.type if column.name in declared else keep(old, column.type, rows.column(column.name))
         if column_type is not None:
             columns.append(column.with_type(column_type))
     return pa.schema(columns, metadata=after.metadata)
@@ -357,6 +363,9 @@ class _Outcome:
         self.added: list[str] = []
         self.rejected: list[str] = []
         self.reread = False
+        self.declared: set[str] = set()
+        """Columns of a typed decode (a schema, not values, gave their types) that rows of the batch landed in:
+        they become columns even when every value is null, as the source has them."""
 
     def dead(self, position: int, error: MessageError, document: Any = None) -> None:
         messages = self._messages
@@ -376,7 +385,8 @@ class _Outcome:
             )
         )
 
-    def add_rows(self, table: pa.Table, positions: list[int], *, delete: bool = False) -> None:
+    def add_rows(self, table: pa.Table, positions: list[int], *, delete: bool = False) -> int:
+        """Adds the rows (of an upsert table, those with their key); returns how many."""
         if self._key is not None and not delete:
             table, positions = self._keyed(table, positions, self._key)
         if positions:
@@ -384,6 +394,7 @@ class _Outcome:
             self._positions.extend(positions)
             if delete:
                 self._deletes.update(positions)
+        return len(positions)
 
     def _keyed(self, table: pa.Table, positions: list[int], key: Sequence[str]) -> tuple[pa.Table, list[int]]:
         """Upsert rows whose key a transform made null (or whose key column the table lacks) are dead letters:

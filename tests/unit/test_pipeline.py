@@ -14,6 +14,7 @@ from kafka2delta.records import PartitionMessages
 from kafka2delta.schema import parse_schema
 from kafka2delta.serialization import build_deserializer
 from kafka2delta.transforms import Transformer
+from tests.support.serialization import V1, V2, MemoryRegistry, event, framed_avro
 
 SCHEMA = parse_schema(
     {
@@ -159,6 +160,23 @@ def test_epoch_columns_are_read_as_numbers() -> None:
         dt.datetime(2023, 11, 14, 22, 13, 20, tzinfo=dt.UTC),
         dt.datetime(2026, 11, 22, 10, tzinfo=dt.UTC),
     ]
+
+
+def test_a_field_a_writer_schema_declares_becomes_a_column_though_every_value_is_null() -> None:
+    """The table gets what the source declares: Avro's v2 adds ``note``, null in every message so far."""
+    registry = MemoryRegistry()
+    registry.add(1, V1)
+    registry.add(2, V2)
+    v1_columns = parse_schema({"id": "string", "amount": "double", "kind": "string", "user": "struct<id:long>"})
+    avro = build_deserializer(FormatConfig(type="avro"), registry, "events")  # type: ignore[arg-type]
+    pipeline = Pipeline(avro, v1_columns, schema_evolution="merge")
+    result = pipeline.process(messages([framed_avro(1, V1, event(0)), framed_avro(2, V2, event(1, note=None))]))
+    assert pipeline.schema.names == ["id", "amount", "kind", "user", "note"]
+    assert result.added_columns == ["note"] and result.rows.column("note").to_pylist() == [None, None]
+    # JSON names no type: a field null in every message waits for a value.
+    untyped = json_pipeline(parse_schema({"id": "string"}), schema_evolution="merge")
+    untyped.process(messages([b'{"id": "a", "note": null}']))
+    assert untyped.schema.names == ["id"]
 
 
 def test_fields_of_dead_letters_and_filtered_messages_do_not_become_columns() -> None:

@@ -238,6 +238,24 @@ def test_a_column_added_in_the_source_becomes_a_column_earlier_rows_null(tmp_pat
     assert schema.field("id").nullable is False  # the key stays not null through the evolution
 
 
+def test_a_column_the_connect_schema_declares_is_a_column_while_every_value_is_null(tmp_path: Path) -> None:
+    """A replica has its source's columns: one null in every row so far (nobody fills it yet), and one the source
+    added, are created from the Connect schema all the same. (Without a schema, a field waits for a value.)"""
+    cfg = config(tmp_path, K2D_FORMAT__ENVELOPE="debezium", K2D_TABLE__SCHEMA_EVOLUTION="merge")
+    source = SourceTable("t", [field("id", "int32", optional=False), field("legacy", "int64")], ["id"])
+    added = SourceTable("t", [*source.columns, field("extra", "double")], ["id"])
+    ingest_until_caught_up(
+        cfg, TopicsSource([change_batch(P0, 0, [source.event("c", {"id": 1, "legacy": None})])], {P0: 1})
+    )
+    second = [added.event("u", {"id": 1, "legacy": None, "extra": None}, lsn=2)]
+    ingest_until_caught_up(cfg, TopicsSource([change_batch(P0, 1, second)], {P0: 2}))
+    assert rows(tmp_path) == [{"id": 1, "legacy": None, "extra": None}]
+    schema = pa.schema(DeltaTable(str(tmp_path / "table")).schema().to_arrow())
+    assert schema == pa.schema(
+        [pa.field("id", pa.int32(), nullable=False), ("legacy", pa.int64()), ("extra", pa.float64())]
+    )
+
+
 def test_a_truncate_is_a_dead_letter_that_says_why(tmp_path: Path) -> None:
     cfg = config(tmp_path, K2D_FORMAT__ENVELOPE="debezium", K2D_TABLE__SCHEMA=SCHEMA)
     truncate = json.dumps({"before": None, "after": None, "op": "t", "source": {"ts_ms": 1}}).encode()
