@@ -158,6 +158,7 @@ class Pipeline:
         decoded = self._deserializer.decode(messages, taken)
         for position, error in decoded.failures:
             outcome.dead(position, error)
+        declared = self._declared_columns(decoded)
 
         fast_table: pa.Table | None = decoded.table
         fast_positions = list(decoded.fast)
@@ -177,21 +178,29 @@ class Pipeline:
                 fast_table = transformed.table
         documents = self._slow_documents(messages, decoded, slow, outcome)
 
-        if self._merge and self._evolve(fast_table, decoded.typed, may_reread, documents, outcome):
+        if self._merge and self._evolve(fast_table, declared, decoded.typed, may_reread, documents, outcome):
             return outcome  # reread: this pass's results are discarded
 
         if fast_table is not None and fast_positions:
             coerced = coerce_table(fast_table, self._schema, self._options)
             outcome.unknown_fields += coerced.unknown_fields
-            landed = outcome.add_rows(coerced.rows, [fast_positions[i] for i in coerced.kept])
-            if decoded.typed and landed:
-                outcome.declared.update(fast_table.column_names)
+            outcome.add_rows(coerced.rows, [fast_positions[i] for i in coerced.kept])
             declined = {fast_positions[i]: decoded.documents.get(fast_positions[i]) for i in coerced.fallback}
             documents.update(self._slow_documents(messages, decoded, declined, outcome))
         self._coerce_documents(messages, documents, outcome)
         if decoded.deletes:
             self._coerce_deletes(messages, decoded.deletes, outcome)
+        if declared is not None and outcome.landed_any(decoded.fast):
+            outcome.declared.update(declared.names)
         return outcome
+
+    def _declared_columns(self, decoded: Decoded) -> pa.Schema | None:
+        """The columns a typed decode's schema gives its rows (a writer schema, a Connect schema, a message type),
+        whichever lane they take next; not a transform's targets, which are typed by their values."""
+        if not decoded.typed or not decoded.fast:
+            return None
+        targets = self._transformer.target_columns if self._transformer is not None else frozenset()
+        return pa.schema([f for f in decoded.table.schema if f.name not in targets])
 
     def _coerce_deletes(
         self, messages: PartitionMessages, deletes: Mapping[int, dict[str, Any]], outcome: _Outcome
@@ -254,6 +263,7 @@ class Pipeline:
     def _evolve(
         self,
         fast_table: pa.Table | None,
+        declared: pa.Schema | None,
         typed: bool,
         may_reread: bool,
         documents: Mapping[int, dict[str, Any]],
@@ -265,6 +275,10 @@ class Pipeline:
         if fast_table is not None and fast_table.num_rows:
             evolution = evolve(schema, fast_table.schema, inferred=not typed)
             schema, reread = evolution.schema, bool(evolution.added) and not typed and may_reread
+            outcome.note_evolution(evolution.added, evolution.rejected)
+        if declared is not None:  # (typed rows the interpreter lane takes: their documents are typed by values)
+            evolution = evolve(schema, declared, inferred=False)
+            schema = evolution.schema
             outcome.note_evolution(evolution.added, evolution.rejected)
         if documents:
             evolution = evolve(schema, documents_schema(documents.values()), inferred=False)
@@ -385,8 +399,7 @@ class _Outcome:
             )
         )
 
-    def add_rows(self, table: pa.Table, positions: list[int], *, delete: bool = False) -> int:
-        """Adds the rows (of an upsert table, those with their key); returns how many."""
+    def add_rows(self, table: pa.Table, positions: list[int], *, delete: bool = False) -> None:
         if self._key is not None and not delete:
             table, positions = self._keyed(table, positions, self._key)
         if positions:
@@ -394,7 +407,11 @@ class _Outcome:
             self._positions.extend(positions)
             if delete:
                 self._deletes.update(positions)
-        return len(positions)
+
+    def landed_any(self, positions: Sequence[int]) -> bool:
+        """Whether a message at one of ``positions`` is a row (so far)."""
+        landed = set(self._positions)
+        return any(position in landed for position in positions)
 
     def _keyed(self, table: pa.Table, positions: list[int], key: Sequence[str]) -> tuple[pa.Table, list[int]]:
         """Upsert rows whose key a transform made null (or whose key column the table lacks) are dead letters:

@@ -130,6 +130,11 @@ class Transformer:
             return None
 
     @property
+    def target_columns(self) -> frozenset[str]:
+        """The top-level columns the transforms write (a dotted target writes into its first part)."""
+        return frozenset(transform.target[0] for transform in self._transforms)
+
+    @property
     def active(self) -> bool:
         """False when there are no transforms and no filter (the pipeline skips the stage)."""
         return bool(self._transforms) or self._filter is not None

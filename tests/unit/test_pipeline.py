@@ -6,6 +6,7 @@ from decimal import Decimal
 from typing import Any
 
 import pyarrow as pa
+import pytest
 
 from kafka2delta.coercions import CoercionOptions
 from kafka2delta.config import FormatConfig
@@ -162,17 +163,24 @@ def test_epoch_columns_are_read_as_numbers() -> None:
     ]
 
 
-def test_a_field_a_writer_schema_declares_becomes_a_column_though_every_value_is_null() -> None:
-    """The table gets what the source declares: Avro's v2 adds ``note``, null in every message so far."""
+@pytest.mark.parametrize("transforms", [[], [("tag", "join('-', [kafka.topic, to_string(kafka.partition)])")]])
+def test_a_field_a_writer_schema_declares_becomes_a_column_though_every_value_is_null(
+    transforms: list[tuple[str, str]],
+) -> None:
+    """The table gets what the source declares: Avro's v2 adds ``note``, null in every message so far; so in the
+    interpreter lane of transforms (the second case), whose documents alone would not say what ``note`` is."""
     registry = MemoryRegistry()
     registry.add(1, V1)
     registry.add(2, V2)
     v1_columns = parse_schema({"id": "string", "amount": "double", "kind": "string", "user": "struct<id:long>"})
     avro = build_deserializer(FormatConfig(type="avro"), registry, "events")  # type: ignore[arg-type]
-    pipeline = Pipeline(avro, v1_columns, schema_evolution="merge")
+    transformer = Transformer(transforms)
+    pipeline = Pipeline(avro, v1_columns, transformer, schema_evolution="merge")
     result = pipeline.process(messages([framed_avro(1, V1, event(0)), framed_avro(2, V2, event(1, note=None))]))
-    assert pipeline.schema.names == ["id", "amount", "kind", "user", "note"]
-    assert result.added_columns == ["note"] and result.rows.column("note").to_pylist() == [None, None]
+    assert transformer.uses_interpreter is bool(transforms)
+    assert pipeline.schema.names == ["id", "amount", "kind", "user", "note", *(["tag"] if transforms else [])]
+    assert pipeline.schema.field("note").type == pa.string()
+    assert result.rows.column("note").to_pylist() == [None, None]
     # JSON names no type: a field null in every message waits for a value.
     untyped = json_pipeline(parse_schema({"id": "string"}), schema_evolution="merge")
     untyped.process(messages([b'{"id": "a", "note": null}']))
