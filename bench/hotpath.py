@@ -94,6 +94,8 @@ STAGES = (
     ("merging.py", "write Parquet + Delta commit"),
     ("deferred_tables.py", "write Parquet + Delta commit"),
     ("committer.py", "commit (glue: txns, dead letters, evolution)"),
+    ("txn_versions.py", "commit (glue: txns, dead letters, evolution)"),
+    ("coordinator.py", "commit (glue: txns, dead letters, evolution)"),
     ("dead_letters.py", "dead-letter table"),
     ("pipeline.py", "pipeline (glue)"),
     ("splitting.py", "pipeline (glue)"),

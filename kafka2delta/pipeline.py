@@ -127,14 +127,14 @@ class Pipeline:
             outcome.added = added + outcome.added
         result = outcome.result(messages, self._schema)
         if self._schema is not before:
-            result = self._keep_used_columns(result, before, outcome.declared)
+            result = self._keep_used_columns(result, before, outcome.declared(self._targets()))
         return result
 
     def _keep_used_columns(
-        self, result: ProcessedPartition, before: pa.Schema, declared: set[str]
+        self, result: ProcessedPartition, before: pa.Schema, declared: Declared
     ) -> ProcessedPartition:
-        """Keep only the new columns some row of the batch has a value for, or a schema of rows that landed
-        declares (``declared``): fields seen only in messages that were filtered out or became dead letters
+        """Keep only the new columns some row of the batch has a value for, or the schema of a message that is a
+        row declares (``declared``): fields seen only in messages that were filtered out or became dead letters
         must not change the table."""
         kept = _used_fields(before, self._schema, result.rows, declared)
         if kept.equals(self._schema):
@@ -158,7 +158,8 @@ class Pipeline:
         decoded = self._deserializer.decode(messages, taken)
         for position, error in decoded.failures:
             outcome.dead(position, error)
-        declared = self._declared_columns(decoded)
+        typed_columns = self._typed_columns(decoded)
+        outcome.schemas = decoded.declared
 
         fast_table: pa.Table | None = decoded.table
         fast_positions = list(decoded.fast)
@@ -178,7 +179,7 @@ class Pipeline:
                 fast_table = transformed.table
         documents = self._slow_documents(messages, decoded, slow, outcome)
 
-        if self._merge and self._evolve(fast_table, declared, decoded.typed, may_reread, documents, outcome):
+        if self._merge and self._evolve(fast_table, typed_columns, decoded.typed, may_reread, documents, outcome):
             return outcome  # reread: this pass's results are discarded
 
         if fast_table is not None and fast_positions:
@@ -190,17 +191,18 @@ class Pipeline:
         self._coerce_documents(messages, documents, outcome)
         if decoded.deletes:
             self._coerce_deletes(messages, decoded.deletes, outcome)
-        if declared is not None and outcome.landed_any(decoded.fast):
-            outcome.declared.update(declared.names)
         return outcome
 
-    def _declared_columns(self, decoded: Decoded) -> pa.Schema | None:
-        """The columns a typed decode's schema gives its rows (a writer schema, a Connect schema, a message type),
+    def _typed_columns(self, decoded: Decoded) -> pa.Schema | None:
+        """The columns a typed decode's schemas give its rows (writer schemas, Connect schemas, message types),
         whichever lane they take next; not a transform's targets, which are typed by their values."""
-        if not decoded.typed or not decoded.fast:
+        if not decoded.declared:
             return None
-        targets = self._transformer.target_columns if self._transformer is not None else frozenset()
+        targets = self._targets()
         return pa.schema([f for f in decoded.table.schema if f.name not in targets])
+
+    def _targets(self) -> frozenset[str]:
+        return self._transformer.target_columns if self._transformer is not None else frozenset()
 
     def _coerce_deletes(
         self, messages: PartitionMessages, deletes: Mapping[int, dict[str, Any]], outcome: _Outcome
@@ -263,7 +265,7 @@ class Pipeline:
     def _evolve(
         self,
         fast_table: pa.Table | None,
-        declared: pa.Schema | None,
+        typed_columns: pa.Schema | None,
         typed: bool,
         may_reread: bool,
         documents: Mapping[int, dict[str, Any]],
@@ -276,8 +278,8 @@ class Pipeline:
             evolution = evolve(schema, fast_table.schema, inferred=not typed)
             schema, reread = evolution.schema, bool(evolution.added) and not typed and may_reread
             outcome.note_evolution(evolution.added, evolution.rejected)
-        if declared is not None:  # (typed rows the interpreter lane takes: their documents are typed by values)
-            evolution = evolve(schema, declared, inferred=False)
+        if typed_columns is not None:  # (for the interpreter lane, whose documents only have values)
+            evolution = evolve(schema, typed_columns, inferred=False)
             schema = evolution.schema
             outcome.note_evolution(evolution.added, evolution.rejected)
         if documents:
@@ -331,29 +333,48 @@ class Pipeline:
             return None
 
 
-def _used_fields(before: pa.Schema, after: pa.Schema, rows: pa.Table, declared: set[str]) -> pa.Schema:
-    """``after`` without the fields it added to ``before`` that are null in every row of ``rows``, except the
-    ``declared`` columns (a writer schema, Connect schema or message type says what they are)."""
+Declared = dict[str, "Declared"]
+"""Columns a schema declares, by name, each with its declared members (empty for a column that is no struct)."""
 
-    def keep(old: pa.DataType | None, new: pa.DataType, values: pa.ChunkedArray | pa.Array) -> pa.DataType | None:
-        if old is None:
-            return new if values.null_count < len(values) else None
-        if pa.types.is_struct(new) and pa.types.is_struct(old) and old != new:
+
+def _declared_tree(data_type: pa.DataType) -> Declared:
+    return {f.name: _declared_tree(f.type) for f in data_type} if isinstance(data_type, pa.StructType) else {}
+
+
+def _merge_declared(into: Declared, more: Declared) -> None:
+    for name, members in more.items():
+        _merge_declared(into.setdefault(name, {}), members)
+
+
+def _used_fields(before: pa.Schema, after: pa.Schema, rows: pa.Table, declared: Declared) -> pa.Schema:
+    """``after`` without the fields it added to ``before`` that are null in every row of ``rows``, except the
+    ``declared`` ones (a writer schema, Connect schema or message type says what they are)."""
+
+    def keep(
+        old: pa.DataType | None, new: pa.DataType, values: pa.ChunkedArray | pa.Array, declared: Declared | None
+    ) -> pa.DataType | None:
+        if old is None and (declared is None or not pa.types.is_struct(new)):
+            return new if declared is not None or values.null_count < len(values) else None
+        if pa.types.is_struct(new) and (old is None or (pa.types.is_struct(old) and old != new)):
+            # A new member stays if declared or has a value; so do a declared new struct's members.
             chunks = values.chunks if isinstance(values, pa.ChunkedArray) else [values]
             members = []
             for index, member in enumerate(new):
                 child = pa.chunked_array([chunk.field(index) for chunk in chunks], member.type)
-                previous = old.field(member.name).type if old.get_field_index(member.name) >= 0 else None
-                member_type = keep(previous, member.type, child)
+                previous = (
+                    old.field(member.name).type if old is not None and old.get_field_index(member.name) >= 0 else None
+                )
+                inner = declared.get(member.name) if declared is not None else None
+                member_type = keep(previous, member.type, child, inner)
                 if member_type is not None:
                     members.append(member.with_type(member_type))
-            return pa.struct(members)
+            return pa.struct(members) if members or old is not None else None
         return new  # lists of structs: kept as added (a rare shape; nulls only cost a column)
 
     columns = []
     for column in after:
         old = before.field(column.name).type if column.name in before.names else None
-        column_type = column.type if column.name in declared else keep(old, column.type, rows.column(column.name))
+        column_type = keep(old, column.type, rows.column(column.name), declared.get(column.name))
         if column_type is not None:
             columns.append(column.with_type(column_type))
     return pa.schema(columns, metadata=after.metadata)
@@ -377,9 +398,8 @@ class _Outcome:
         self.added: list[str] = []
         self.rejected: list[str] = []
         self.reread = False
-        self.declared: set[str] = set()
-        """Columns of a typed decode (a schema, not values, gave their types) that rows of the batch landed in:
-        they become columns even when every value is null, as the source has them."""
+        self.schemas: Sequence[tuple[pa.Schema, Sequence[int]]] = ()
+        """The typed decode's schemas, each with the positions it wrote (``Decoded.declared``)."""
 
     def dead(self, position: int, error: MessageError, document: Any = None) -> None:
         messages = self._messages
@@ -408,10 +428,16 @@ class _Outcome:
             if delete:
                 self._deletes.update(positions)
 
-    def landed_any(self, positions: Sequence[int]) -> bool:
-        """Whether a message at one of ``positions`` is a row (so far)."""
-        landed = set(self._positions)
-        return any(position in landed for position in positions)
+    def declared(self, targets: frozenset[str]) -> Declared:
+        """What the schemas that wrote messages now rows declare (not the transform ``targets``): columns even
+        when every value is null, as the source has them. (Asked only when the batch changed the schema.)"""
+        declared: Declared = {}
+        every_one = not self.dead_letters and not self.filtered  # then every decoded message is a row
+        rows = set() if every_one else set(self._positions)
+        for schema, positions in self.schemas:
+            if positions and (every_one or any(position in rows for position in positions)):
+                _merge_declared(declared, {f.name: _declared_tree(f.type) for f in schema if f.name not in targets})
+        return declared
 
     def _keyed(self, table: pa.Table, positions: list[int], key: Sequence[str]) -> tuple[pa.Table, list[int]]:
         """Upsert rows whose key a transform made null (or whose key column the table lacks) are dead letters:

@@ -73,7 +73,15 @@ class ChangeDeserializer:
                 upserts[position] = change
         documents = {position: self._document(change) for position, change in upserts.items()}
         table, fast = self._typed_table(upserts, documents)
-        return Decoded(table=table, fast=fast, documents=documents, failures=failures, typed=True, deletes=deletes)
+        return Decoded(
+            table=table,
+            fast=fast,
+            documents=documents,
+            failures=failures,
+            typed=True,
+            deletes=deletes,
+            declared=self._declared(upserts),
+        )
 
     def document(self, messages: PartitionMessages, position: int) -> dict[str, Any]:
         return self._document(self.change(messages, position))
@@ -149,21 +157,36 @@ class ChangeDeserializer:
         typed = [position for position, change in upserts.items() if change.fields is not None]
         if not typed:
             return pa.table({}), []
-        fields: dict[str, pa.Field] = {}
+        row: dict[str, pa.Field] = {}
         for position in typed:
             for member in upserts[position].fields or ():
-                fields.setdefault(member.name, member.with_nullable(True))
-        for name, member in self._extra.items():
-            fields.setdefault(name, member)
-        if self._options.before_image:  # Debezium's before and after images share the row's schema
-            image = [member for name, member in fields.items() if name not in self._extra]
-            fields.setdefault(BEFORE_COLUMN, pa.field(BEFORE_COLUMN, pa.struct(image)))
-        keys = [fields[column] for column in self._options.key if column in fields]
-        schema = pa.schema(keys + [f for name, f in fields.items() if name not in self._options.key])
+                row.setdefault(member.name, member.with_nullable(True))
+        keys = [row[column] for column in self._options.key if column in row]
+        fields = self._with_change_columns(keys + [f for name, f in row.items() if name not in self._options.key])
         try:
-            return pa.Table.from_pylist([documents[p] for p in typed], schema=schema), typed
+            return pa.Table.from_pylist([documents[p] for p in typed], schema=pa.schema(fields)), typed
         except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, ValueError, TypeError):
             return pa.table({}), []
+
+    def _with_change_columns(self, row: list[pa.Field]) -> list[pa.Field]:
+        """A typed row's fields, then the change columns the table has (the before image typed as the row: Debezium's
+        before and after images share the row's schema)."""
+        names = {member.name for member in row}
+        fields = row + [member for name, member in self._extra.items() if name not in names]
+        if self._options.before_image and BEFORE_COLUMN not in names:
+            image = [member for member in row if member.name not in self._extra]
+            fields.append(pa.field(BEFORE_COLUMN, pa.struct(image)))
+        return fields
+
+    def _declared(self, upserts: dict[int, Change]) -> list[tuple[pa.Schema, Sequence[int]]]:
+        """The columns each Connect schema or message type declares, with the upserts it wrote (grouped by the
+        names alone: hashing Arrow fields costs more than the change did)."""
+        by_schema: dict[tuple[str, ...], tuple[tuple[pa.Field, ...], list[int]]] = {}
+        for position, change in upserts.items():
+            if change.fields is not None:
+                names = tuple(member.name for member in change.fields)
+                by_schema.setdefault(names, (change.fields, []))[1].append(position)
+        return [(pa.schema(self._with_change_columns(list(fields))), at) for fields, at in by_schema.values()]
 
 
 def _image_type(event: pa.StructType | None) -> pa.StructType | None:

@@ -228,8 +228,8 @@ class SchemaRegistryConfig:
 
     type: Literal["confluent", "glue"] = "confluent"
     """``confluent``: a registry speaking the Confluent REST API at ``url`` (payloads in the Confluent wire
-    format). ``glue``: the AWS Glue Schema Registry through boto3 (Avro or JSON payloads in Glue's wire format;
-    the ``glue`` extra; credentials from the usual AWS chain)."""
+    format). ``glue``: the AWS Glue Schema Registry through boto3 (Avro, Protobuf or JSON payloads in Glue's wire
+    format; the ``glue`` extra; credentials from the usual AWS chain)."""
     url: str = ""
     """``confluent``: base URL, e.g. ``http://registry:8081`` (Apicurio: ``http://host:8080/apis/ccompat/v7``)."""
     username: str = ""

@@ -46,6 +46,10 @@ class Decoded:
     evolution can trust them; False when they were inferred from the data (JSON)."""
     deletes: dict[int, dict[str, Any]] = field(default_factory=dict)
     """Upsert tables only: position → the key (and change) columns of a message that deletes its key."""
+    declared: list[tuple[pa.Schema, Sequence[int]]] = field(default_factory=list)
+    """Typed formats: the columns each writer schema (or Connect schema, or message type) declares, with the
+    positions it wrote, whichever lane took them; a column one declares joins the table with the first of its
+    messages that is a row, even when all its values are null."""
 
 
 class Deserializer(Protocol):

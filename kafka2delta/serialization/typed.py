@@ -96,8 +96,14 @@ def typed_decode(
     """
     documents: dict[int, dict[str, Any]] = {}
     pieces: list[tuple[list[int], pa.Table]] = []
+    declared: list[tuple[pa.Schema, Sequence[int]]] = []
     for group in groups:
         documents.update(zip(group.positions, group.values, strict=True))
+        if isinstance(group.shape.arrow, pa.StructType):
+            read = group.columns[0] if group.columns is not None else []
+            declared.append(
+                (pa.schema(list(group.shape.arrow)), [*group.positions, *read] if read else group.positions)
+            )
         if group.shape.slow:
             # Typed but empty: schema evolution still sees the fields, the values take the slow lane.
             pieces.append(_empty_piece(group.shape))
@@ -127,12 +133,14 @@ def typed_decode(
                 failures.append((position, exc))
         failures.sort(key=lambda failure: failure[0])
     if not joined:
-        return Decoded(table=pa.table({}), fast=[], documents=documents, failures=failures, typed=True)
+        return Decoded(
+            table=pa.table({}), fast=[], documents=documents, failures=failures, typed=True, declared=declared
+        )
     tables = [table for _, table in joined]
     table = tables[0] if len(tables) == 1 else pa.concat_tables(tables, promote_options="permissive")
     fast = [position for chunk, _ in joined for position in chunk]
     table, fast = in_position_order(table, fast, len(joined))
-    return Decoded(table=table, fast=fast, documents=documents, failures=failures, typed=True)
+    return Decoded(table=table, fast=fast, documents=documents, failures=failures, typed=True, declared=declared)
 
 
 def _empty_piece(shape: Shape) -> tuple[list[int], pa.Table]:

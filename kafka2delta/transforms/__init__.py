@@ -131,8 +131,8 @@ class Transformer:
 
     @property
     def target_columns(self) -> frozenset[str]:
-        """The top-level columns the transforms write (a dotted target writes into its first part)."""
-        return frozenset(transform.target[0] for transform in self._transforms)
+        """The top-level columns the transforms write whole (a dotted target writes one member of a struct)."""
+        return frozenset(transform.target[0] for transform in self._transforms if len(transform.target) == 1)
 
     @property
     def active(self) -> bool:

@@ -187,6 +187,34 @@ def test_a_field_a_writer_schema_declares_becomes_a_column_though_every_value_is
     assert untyped.schema.names == ["id"]
 
 
+def avro_pipeline(*schemas: Any, transformer: Transformer | None = None) -> Pipeline:
+    """An Avro pipeline on a table of V1's columns, ``schemas`` registered as ids 1, 2 …"""
+    registry = MemoryRegistry()
+    for schema_id, schema in enumerate(schemas, start=1):
+        registry.add(schema_id, schema)
+    avro = build_deserializer(FormatConfig(type="avro"), registry, "events")  # type: ignore[arg-type]
+    v1_columns = parse_schema({"id": "string", "amount": "double", "kind": "string", "user": "struct<id:long>"})
+    return Pipeline(avro, v1_columns, transformer, schema_evolution="merge")
+
+
+def test_only_the_schemas_of_messages_that_are_rows_declare_columns() -> None:
+    """A writer schema whose messages were all filtered out declares nothing (its null ``note`` waits, as a
+    value-typed field would); one whose message is a row declares a new member of a struct even while a transform
+    writes another member into that struct."""
+    filtered = avro_pipeline(V1, V2, transformer=Transformer([], "id != 'e1'"))
+    result = filtered.process(messages([framed_avro(1, V1, event(0)), framed_avro(2, V2, event(1, note=None))]))
+    assert filtered.schema.names == ["id", "amount", "kind", "user"] and result.skipped_filtered == 1
+    user_fields = [{"name": "id", "type": "long"}, {"name": "email", "type": ["null", "string"], "default": None}]
+    user = {"type": "record", "name": "User", "fields": user_fields}
+    with_email = {**V1, "fields": [*V1["fields"][:3], {"name": "user", "type": user}]}
+    nested = avro_pipeline(with_email, transformer=Transformer([("user.region", "kafka.topic")]))
+    result = nested.process(messages([framed_avro(1, with_email, {**event(0), "user": {"id": 0, "email": None}})]))
+    assert nested.schema.field("user").type == pa.struct(
+        [("id", pa.int64()), ("email", pa.string()), ("region", pa.string())]
+    )
+    assert result.rows.column("user").to_pylist() == [{"id": 0, "email": None, "region": "events"}]
+
+
 def test_fields_of_dead_letters_and_filtered_messages_do_not_become_columns() -> None:
     schema = parse_schema({"id": "string not null", "type": "string", "user": "struct<id:long>"})
     pipeline = json_pipeline(schema, schema_evolution="merge", transformer=Transformer([], "type != 'skip'"))

@@ -171,6 +171,19 @@ message Payment { google.type.Date day = 1; google.type.Money amount = 2; }
     assert position == 1 and 'Import "additionalTypes/decimal.proto" was not found' in error.reason
 
 
+def test_protobuf_keys_in_glue_wire_format(glue: GlueSchemas) -> None:
+    """``format.key = "protobuf"``: a key's message type found by Glue's index (User is the last of V1's five)."""
+    version = glue.register("events-key", V1, "PROTOBUF")
+    edge = GlueRegistry(SchemaRegistryConfig(type="glue", region=REGION))
+    keyed = build_deserializer(FormatConfig(type="raw", key="protobuf"), edge, "events")
+    key = glue_protobuf(version, classes(V1)["User"](id=7), zlib_compressed=True)
+    decoded = keyed.decode(messages([b"anything", b"else"], [key, glue_frame(UNKNOWN, b"\x00")]), [0, 1])
+    assert decoded.keys == [{"id": 7}, None]
+    assert [(position, error.reason) for position, error in decoded.failures] == [
+        (1, f"key: schema version {UNKNOWN} is not in the Glue schema registry")
+    ]
+
+
 def test_an_upsert_table_of_glue_protobuf_changes_with_tombstones_last(glue: GlueSchemas, tmp_path: Path) -> None:
     """The loop over a real Delta table: a batch big enough for the column lanes whose last messages are tombstones
     (a null value deletes its key) and a payload that is only the start of Glue's header (a dead letter)."""
