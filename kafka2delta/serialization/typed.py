@@ -101,9 +101,8 @@ def typed_decode(
         documents.update(zip(group.positions, group.values, strict=True))
         if isinstance(group.shape.arrow, pa.StructType):
             read = group.columns[0] if group.columns is not None else []
-            declared.append(
-                (pa.schema(list(group.shape.arrow)), [*group.positions, *read] if read else group.positions)
-            )
+            written = [*group.positions, *read] if read and group.positions else read or group.positions
+            declared.append((pa.schema(list(group.shape.arrow)), written))
         if group.shape.slow:
             # Typed but empty: schema evolution still sees the fields, the values take the slow lane.
             pieces.append(_empty_piece(group.shape))
