@@ -158,7 +158,6 @@ class Pipeline:
         decoded = self._deserializer.decode(messages, taken)
         for position, error in decoded.failures:
             outcome.dead(position, error)
-        typed_columns = self._typed_columns(decoded)
         outcome.schemas = decoded.declared
 
         fast_table: pa.Table | None = decoded.table
@@ -179,7 +178,7 @@ class Pipeline:
                 fast_table = transformed.table
         documents = self._slow_documents(messages, decoded, slow, outcome)
 
-        if self._merge and self._evolve(fast_table, typed_columns, decoded.typed, may_reread, documents, outcome):
+        if self._merge and self._evolve(fast_table, decoded, may_reread, documents, outcome):
             return outcome  # reread: this pass's results are discarded
 
         if fast_table is not None and fast_positions:
@@ -193,11 +192,9 @@ class Pipeline:
             self._coerce_deletes(messages, decoded.deletes, outcome)
         return outcome
 
-    def _typed_columns(self, decoded: Decoded) -> pa.Schema | None:
+    def _typed_columns(self, decoded: Decoded) -> pa.Schema:
         """The columns a typed decode's schemas give its rows (writer schemas, Connect schemas, message types),
         whichever lane they take next; not a transform's targets, which are typed by their values."""
-        if not decoded.declared:
-            return None
         targets = self._targets()
         return pa.schema([f for f in decoded.table.schema if f.name not in targets])
 
@@ -265,8 +262,7 @@ class Pipeline:
     def _evolve(
         self,
         fast_table: pa.Table | None,
-        typed_columns: pa.Schema | None,
-        typed: bool,
+        decoded: Decoded,
         may_reread: bool,
         documents: Mapping[int, dict[str, Any]],
         outcome: _Outcome,
@@ -275,11 +271,11 @@ class Pipeline:
         schema = self._schema
         reread = False
         if fast_table is not None and fast_table.num_rows:
-            evolution = evolve(schema, fast_table.schema, inferred=not typed)
-            schema, reread = evolution.schema, bool(evolution.added) and not typed and may_reread
+            evolution = evolve(schema, fast_table.schema, inferred=not decoded.typed)
+            schema, reread = evolution.schema, bool(evolution.added) and not decoded.typed and may_reread
             outcome.note_evolution(evolution.added, evolution.rejected)
-        if typed_columns is not None:  # (for the interpreter lane, whose documents only have values)
-            evolution = evolve(schema, typed_columns, inferred=False)
+        elif decoded.declared:  # no fast rows (the interpreter lane): the documents alone only have values
+            evolution = evolve(schema, self._typed_columns(decoded), inferred=False)
             schema = evolution.schema
             outcome.note_evolution(evolution.added, evolution.rejected)
         if documents:

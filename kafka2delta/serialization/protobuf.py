@@ -620,7 +620,7 @@ class ProtobufDeserializer(BaseDeserializer):
         self.topic = topic
 
     def _document(self, payload: bytes) -> dict[str, Any]:
-        return self._codec.read(payload)[2]
+        return self._codec.read_value(payload)
 
     def typed_document(self, payload: bytes) -> tuple[dict[str, Any], pa.StructType | None]:
         """One message's values and the Arrow type its message type gives them (None when that type has fields no
