@@ -35,6 +35,7 @@ from kafka2delta.registry import RegisteredSchema
 from kafka2delta.serialization.avro_batch import ColumnReader, Datums
 from kafka2delta.serialization.base import BaseDeserializer, Decoded, KeyDecoder, decode_error
 from kafka2delta.serialization.framing import Framing
+from kafka2delta.serialization.protobuf_aws import DECIMAL, aws_protos, decimal_field
 from kafka2delta.serialization.protobuf_batch import wire_reader
 from kafka2delta.serialization.protobuf_indexes import MessageIndexes
 from kafka2delta.serialization.typed import (
@@ -100,7 +101,8 @@ def protobuf_to_arrow(descriptor: Any) -> pa.DataType:
     int32/sint32/sfixed32 → int32; int64/sint64/sfixed64 → int64; uint32/fixed32 → int64;
     uint64/fixed64 → decimal128(20, 0); bool → bool; string → string; bytes → binary; enum →
     string (the value's name); repeated → list; map → map<K, V>; google.protobuf.Timestamp →
-    timestamp(us, UTC); the wrapper types (Int64Value …) → their scalar type, null when unset.
+    timestamp(us, UTC); the wrapper types (Int64Value …) → their scalar type, null when unset; AWS's
+    additionalTypes.Decimal → decimal128 (:mod:`~kafka2delta.serialization.protobuf_aws`).
     A recursive message has no faithful Arrow type: string (its messages take the reference lane).
     """
     return _ProtoShapes().record(descriptor).arrow
@@ -195,6 +197,8 @@ class _ProtoShapes:
             wrapped = _WRAPPERS.get(message_type.full_name)
             if wrapped is not None:
                 return wrapped, _unwrap, False
+            if message_type.full_name == DECIMAL:
+                return (*decimal_field(f), False)
             shape = self.shape(message_type, stack)
             if shape.slow and shape.fix is None:  # recursive: no converter of a fixed shape
                 return shape.arrow, _proto_generic, True
@@ -270,6 +274,8 @@ def _proto_generic_value(f: Any, value: Any) -> Any:
             return _timestamp(value)
         if name in _WRAPPERS:
             return value.value
+        if name == DECIMAL:
+            return decimal_field(f)[1](value)
         return _proto_generic(value)
     if f.type == F.TYPE_ENUM:
         found = f.enum_type.values_by_number.get(value)
@@ -591,11 +597,11 @@ _GOOGLE_TYPES = (
 def _builtin_protos() -> tuple[Any, ...]:
     """Files the registries' serializers treat as built in (never sent as references): Confluent's own
     confluent/*.proto, and Google's google/type/*.proto (googleapis-common-protos), which both Confluent and
-    AWS Glue resolve without a reference. AWS's own additionalTypes/decimal.proto and metadata/metadata.proto
-    are not among them: a schema importing one does not compile (its messages are dead letters naming it)."""
+    AWS Glue resolve without a reference; and AWS's own additionalTypes/decimal.proto and metadata/metadata.proto,
+    which AWS's serializers ship (:mod:`~kafka2delta.serialization.protobuf_aws`)."""
     modules = [f"confluent_kafka.schema_registry.confluent.{name}" for name in _CONFLUENT_TYPES]
     modules += [f"google.type.{name}_pb2" for name in _GOOGLE_TYPES]
-    found = []
+    found = list(aws_protos())
     for module in modules:
         try:
             loaded = importlib.import_module(module)

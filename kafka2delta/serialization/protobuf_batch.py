@@ -14,7 +14,8 @@ closed (proto2) enum does not name, invalid UTF-8, a Timestamp outside Python's 
 those messages with the protobuf library, which alone makes dead letters.
 
 Schemas it reads: scalars, strings, bytes, enums, nested messages, ``google.protobuf.Timestamp`` and the
-wrapper types. A repeated field, a map, a group, a oneof of several fields, a recursive message or messages
+wrapper types. A repeated field, a map, a group, a oneof of several fields, AWS's ``additionalTypes.Decimal``
+(:mod:`~kafka2delta.serialization.protobuf_aws`), a recursive message or messages
 nested deeper than :data:`MAX_MESSAGE_DEPTH` make :func:`wire_reader` answer None: that schema keeps the
 protobuf library's lane.
 """
@@ -42,6 +43,7 @@ from kafka2delta.serialization.avro_batch import (
     unsigned_varint,
     zigzag,
 )
+from kafka2delta.serialization.protobuf_aws import DECIMAL
 
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 _UINT32_LIMIT = np.uint64(2**32)
@@ -193,6 +195,8 @@ def _value(f: Any, stack: tuple[str, ...]) -> tuple[pa.DataType, int, Read]:
         name = message_type.full_name
         if name == _TIMESTAMP:
             return pa.timestamp("us", "UTC"), _LENGTH, _embedded(_message(message_type, stack)[1], _timestamp)
+        if name == DECIMAL:
+            raise _Unsupported(f"{name} field {f.name}")  # its scale lives in the field's options
         arrow, read = _message(message_type, stack)
         if name in _WRAPPERS:
             return arrow.field(0).type, _LENGTH, _embedded(read, _unwrap)

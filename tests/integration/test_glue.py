@@ -11,13 +11,23 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable, Iterator
+from decimal import Decimal
 from typing import Any
 
 import pyarrow as pa
 import pytest
 
 from dev.s3 import FaultProxy, LocalS3
-from tests.support.glue import REGION, GlueSchemas, glue_avro, glue_client, glue_environment, glue_frame, glue_protobuf
+from tests.support.glue import (
+    AWS_PROTOS,
+    REGION,
+    GlueSchemas,
+    glue_avro,
+    glue_client,
+    glue_environment,
+    glue_frame,
+    glue_protobuf,
+)
 from tests.support.harness import Daemon, Message, Setup, wait_for
 from tests.support.protobuf import compile_with_protoc, message_class
 from tests.support.serialization import confluent, framed_avro
@@ -39,6 +49,12 @@ message Event { string id = 1; double amount = 2; User user = 3; }
 message User { int64 id = 1; }
 """
 PROTO_V2 = PROTO_V1.replace("User user = 3; }", "User user = 3; optional string color = 4; }")
+PROTO_V3 = PROTO_V2.replace(
+    "message Event {",
+    'import "additionalTypes/decimal.proto";\nimport "metadata/metadata.proto";\nmessage Event {'
+    ' additionalTypes.Decimal price = 5 [(metadata.metadata_key) = "connect.decimal.scale",'
+    ' (metadata.metadata_value) = "2"];',
+)
 UNKNOWN = uuid.UUID("00000000-0000-4000-8000-00000000beef")
 SCHEMA = {"id": "string not null", "amount": "double", "user": "struct<id:long>"}
 
@@ -154,6 +170,27 @@ def test_protobuf_in_glue_wire_format_with_a_new_schema_version_mid_stream(
     assert letters[0]["error"].endswith(f"message index 5 does not exist in schema version {v2} (2 message types)")
     assert "not Glue wire format: header version byte 0x00, expected 0x03" in letters[1]["error"]
     assert setup.txn_versions() == {0: 202}
+
+    # v3 imports AWS's own Decimal, as AWS's Kafka Connect Protobuf converter writes a Connect Decimal: a new
+    # decimal(21,2) column; a price with more decimal places than that is a dead letter naming the field.
+    v3 = schemas.register(setup.topic.name, PROTO_V3, "PROTOBUF")
+    newest = message_class(compile_with_protoc({"e.proto": PROTO_V3, **AWS_PROTOS}, "e.proto"), "k2d.test.Event")
+    prices = [{"units": i, "fraction": 250_000_000} for i in range(3)] + [{"units": 1, "fraction": 1}]
+    setup.topic.produce_messages(
+        [Message(0, glue_protobuf(v3, newest(id=f"d{i}", price=price))) for i, price in enumerate(prices)]
+    )
+    daemon = daemon_factory(setup, env=glue_environment())
+    wait_for(lambda: len(setup.ids()) == 204 and len(setup.dead_letters()) == 3, 60, "the v3 rows")
+    assert daemon.stop() == 0, daemon.log()[-3000:]
+    schema = pa.schema(setup.table().schema().to_arrow())
+    assert schema.names == ["id", "amount", "user", "color", "price"] and schema.field("price").nullable
+    assert schema.field("price").type == pa.decimal128(21, 2)
+    found = {r["id"]: r for r in setup.rows()}
+    assert found["d2"]["price"] == Decimal("2.25") and found["a3"]["price"] is None and found["b4"]["price"] is None
+    letter = setup.dead_letters()[2]
+    assert (letter["offset"], letter["stage"]) == (206, "deserialize")
+    assert letter["error"].endswith("price: additionalTypes.Decimal 1.000000001 has more than 2 decimal places")
+    assert setup.txn_versions() == {0: 206}
 
 
 def test_glue_unreachable_is_retried_with_the_offsets_held(

@@ -26,7 +26,21 @@ import fastavro
 from dev.s3 import ACCESS_KEY, REGION, SECRET_KEY
 
 REGISTRY = "k2d-test"
+AWS_PROTOS = {
+    "additionalTypes/decimal.proto": """syntax = "proto3";
+package additionalTypes;
+message Decimal { int64 units = 1; int32 fraction = 2; uint32 precision = 3; int32 scale = 4; }
+""",
+    "metadata/metadata.proto": """syntax = "proto3";
+package metadata;
+import "google/protobuf/descriptor.proto";
+extend google.protobuf.FieldOptions { string metadata_key = 50001; string metadata_value = 50002; }
+""",
+}
+"""The producer's copies of the two files AWS's serializers ship, which AWS's Kafka Connect Protobuf converter
+imports for a Connect Decimal and its scale (the daemon has its own; Glue holds no references)."""
 __all__ = [
+    "AWS_PROTOS",
     "REGION",
     "REGISTRY",
     "GlueSchemas",

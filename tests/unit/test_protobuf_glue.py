@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from kafka2delta.registry_glue import GlueRegistry
 from kafka2delta.serialization import Deserializer, build_deserializer, glue_message_order
 from kafka2delta.serialization import protobuf as protobuf_module
 from tests.support.debezium import change_batch, change_config
-from tests.support.glue import REGION, GlueSchemas, glue_client, glue_frame, glue_protobuf
+from tests.support.glue import AWS_PROTOS, REGION, GlueSchemas, glue_client, glue_frame, glue_protobuf
 from tests.support.protobuf import compile_with_protoc, message_class
 from tests.support.runner import TopicsSource, ingest_until_caught_up
 from tests.support.serialization import confluent, messages
@@ -142,9 +143,9 @@ def test_what_is_not_glue_protobuf_is_a_dead_letter(glue: GlueSchemas) -> None:
         assert [reason[: len(text)] for reason, text in zip(found, expected, strict=True)] == expected
 
 
-def test_google_types_are_built_in_and_aws_own_imports_are_named(glue: GlueSchemas) -> None:
-    # AWS's serde resolves google/type/*.proto without a reference, as Confluent's does; its own
-    # additionalTypes/decimal.proto is not shipped here: such a schema's messages are dead letters naming it.
+def test_google_types_are_built_in_and_an_unknown_import_is_named(glue: GlueSchemas) -> None:
+    # AWS's serde resolves google/type/*.proto without a reference, as Confluent's does; Glue holds no
+    # references, so any other import is a dead letter naming it.
     typed = """syntax = "proto3";
 package shop;
 import "google/type/date.proto";
@@ -152,8 +153,8 @@ import "google/type/money.proto";
 message Payment { google.type.Date day = 1; google.type.Money amount = 2; }
 """
     version = glue.register("payments", typed, "PROTOBUF")
-    aws_own = glue.register(
-        "decimals", 'syntax = "proto3"; import "additionalTypes/decimal.proto"; message D {}', "PROTOBUF"
+    unknown = glue.register(
+        "acme", 'syntax = "proto3"; import "acme/money.proto"; message D { acme.Money m = 1; }', "PROTOBUF"
     )
     google = Path(date_pb2.__file__).parent  # the producer's copies of Google's files
     files = {
@@ -162,13 +163,70 @@ message Payment { google.type.Date day = 1; google.type.Money amount = 2; }
     }
     payment = message_class(compile_with_protoc(files, "p.proto"), "shop.Payment")
     message = payment(day={"year": 2026, "month": 11, "day": 27}, amount={"currency_code": "EUR", "units": 3})
-    payloads = [glue_protobuf(version, message), glue_frame(aws_own, b"\x00")]
+    payloads = [glue_protobuf(version, message), glue_frame(unknown, b"\x00")]
     decoded = deserializer().decode(messages(payloads), range(len(payloads)))
     assert decoded.table.to_pylist() == [
         {"day": {"year": 2026, "month": 11, "day": 27}, "amount": {"currency_code": "EUR", "units": 3, "nanos": 0}}
     ]
     [(position, error)] = decoded.failures
-    assert position == 1 and 'Import "additionalTypes/decimal.proto" was not found' in error.reason
+    assert position == 1 and 'Import "acme/money.proto" was not found' in error.reason
+
+
+PRICES = """syntax = "proto3";
+package shop;
+import "additionalTypes/decimal.proto";
+import "metadata/metadata.proto";
+message Price {
+  string id = 1;
+  additionalTypes.Decimal amount = 2
+      [(metadata.metadata_key) = "connect.decimal.scale", (metadata.metadata_value) = "2"];
+  additionalTypes.Decimal rate = 3;
+  repeated additionalTypes.Decimal history = 4;
+}
+"""
+
+
+def test_aws_decimals_land_as_decimals_at_the_scale_their_metadata_names(glue: GlueSchemas) -> None:
+    """``additionalTypes.Decimal`` (units + billionths) → decimal128(19 + s, s): s from the field's
+    ``connect.decimal.scale``, else 9. One batch big enough for the column lanes, and each message alone; a value
+    with more decimal places than its column is a dead letter naming the field, in both."""
+    version = glue.register("prices", PRICES, "PROTOBUF")
+    files = {"p.proto": PRICES, **AWS_PROTOS}
+    price = message_class(compile_with_protoc(files, "p.proto"), "shop.Price")
+
+    def priced(i: int) -> Any:
+        # -89.5678 is units -89 and fraction -567,800,000, as AWS's converter writes it.
+        rate = {"units": -i, "fraction": -567_800_000, "precision": 8, "scale": 6}
+        amount = {"units": i, "fraction": (i % 100) * 10_000_000}
+        return price(id=f"p{i}", amount=amount, rate=rate, history=[{"units": 2**63 - 1, "fraction": 999_999_999}])
+
+    inexact = price(id="bad", amount={"units": 1, "fraction": 1})  # 1.000000001 has 9 places, the column 2
+    payloads = [glue_protobuf(version, priced(i)) for i in range(BATCH)]
+    payloads.insert(5, glue_protobuf(version, inexact))
+    for decoded in (
+        deserializer().decode(messages(payloads), range(len(payloads))),
+        *(deserializer().decode(messages([payload]), [0]) for payload in payloads[4:7]),
+    ):
+        reasons = [error.reason for _, error in decoded.failures]
+        assert reasons in ([], ["amount: additionalTypes.Decimal 1.000000001 has more than 2 decimal places"])
+        if not len(decoded.table):
+            continue  # the inexact message alone
+        assert decoded.table.schema.field("amount").type == pa.decimal128(21, 2)
+        assert decoded.table.schema.field("rate").type == pa.decimal128(28, 9)
+        assert decoded.table.schema.field("history").type == pa.list_(pa.decimal128(28, 9))
+        rows = {row["id"]: row for row in decoded.table.to_pylist()}
+        for i in (4, 5, 77):
+            if len(rows) > 1 or f"p{i}" in rows:
+                assert rows[f"p{i}"]["amount"] == Decimal(f"{i}.{i % 100:02d}")
+                assert rows[f"p{i}"]["rate"] == -Decimal(f"{i}.5678")
+                assert rows[f"p{i}"]["history"] == [Decimal("9223372036854775807.999999999")]
+    whole = deserializer().decode(messages(payloads), range(len(payloads)))
+    assert len(whole.table) == BATCH and [position for position, _ in whole.failures] == [5]
+    # Without the inexact one (which sends its batch one by one, to find it), the library's column lane reads
+    # them all: the wire lane leaves Decimals to it.
+    exact = deserializer().decode(messages(payloads[:5] + payloads[6:]), range(BATCH))
+    assert exact.failures == [] and exact.fast == list(range(BATCH)) and not exact.documents
+    assert exact.table.equals(whole.table)
 
 
 def test_protobuf_keys_in_glue_wire_format(glue: GlueSchemas) -> None:
