@@ -35,7 +35,7 @@ from kafka2delta.registry import RegisteredSchema
 from kafka2delta.serialization.avro_batch import ColumnReader, Datums
 from kafka2delta.serialization.base import BaseDeserializer, Decoded, KeyDecoder, decode_error
 from kafka2delta.serialization.framing import Framing
-from kafka2delta.serialization.protobuf_aws import DECIMAL, aws_protos, decimal_field
+from kafka2delta.serialization.protobuf_aws import aws_protos, decimal_field, is_aws_decimal
 from kafka2delta.serialization.protobuf_batch import wire_reader
 from kafka2delta.serialization.protobuf_indexes import MessageIndexes
 from kafka2delta.serialization.typed import (
@@ -197,7 +197,7 @@ class _ProtoShapes:
             wrapped = _WRAPPERS.get(message_type.full_name)
             if wrapped is not None:
                 return wrapped, _unwrap, False
-            if message_type.full_name == DECIMAL:
+            if is_aws_decimal(message_type):
                 return (*decimal_field(f), False)
             shape = self.shape(message_type, stack)
             if shape.slow and shape.fix is None:  # recursive: no converter of a fixed shape
@@ -274,7 +274,7 @@ def _proto_generic_value(f: Any, value: Any) -> Any:
             return _timestamp(value)
         if name in _WRAPPERS:
             return value.value
-        if name == DECIMAL:
+        if is_aws_decimal(f.message_type):
             return decimal_field(f)[1](value)
         return _proto_generic(value)
     if f.type == F.TYPE_ENUM:

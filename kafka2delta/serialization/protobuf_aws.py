@@ -23,13 +23,16 @@ from typing import Any
 
 import pyarrow as pa
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory  # type: ignore[import-untyped]
+from google.protobuf.descriptor import FieldDescriptor as F  # type: ignore[import-untyped]
 from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 
 from kafka2delta.serialization.base import decode_error
 
 DECIMAL = "additionalTypes.Decimal"
 _SCALE_KEY = "connect.decimal.scale"
-_DEFAULT_SCALE = 9
+FRACTION_DIGITS = 9
+"""A Decimal's ``fraction`` counts billionths."""
+_DEFAULT_SCALE = FRACTION_DIGITS
 _MAX_SCALE = 19
 _UNIT_DIGITS = 19
 _T = descriptor_pb2.FieldDescriptorProto
@@ -75,6 +78,19 @@ def aws_protos() -> tuple[Any, ...]:
     return decimal, metadata
 
 
+def is_aws_decimal(descriptor: Any) -> bool:
+    """Whether a message type is AWS's Decimal: its name, and its units and billionths where AWS has them (a
+    schema's own ``additionalTypes.Decimal`` of another shape stays an ordinary message)."""
+    if descriptor.full_name != DECIMAL:
+        return False
+    units, fraction = descriptor.fields_by_number.get(1), descriptor.fields_by_number.get(2)
+    return (
+        units is not None
+        and fraction is not None
+        and (units.name, units.type, fraction.name, fraction.type) == ("units", F.TYPE_INT64, "fraction", F.TYPE_INT32)
+    )
+
+
 @functools.cache
 def _metadata_options() -> Any:
     """A message class reading a FieldOptions' bytes for the two metadata options alone (others are skipped)."""
@@ -103,6 +119,12 @@ def decimal_scale(f: Any) -> int:
     return int(value)
 
 
+def decimal_type(scale: int) -> pa.Decimal128Type:
+    """The column type of Decimals at ``scale``: room for any int64 of units."""
+    return pa.decimal128(_UNIT_DIGITS + scale, scale)
+
+
+@functools.lru_cache(maxsize=1024)  # the reference lane of a recursive message asks per value
 def decimal_field(f: Any) -> tuple[pa.DataType, Callable[[Any], Decimal]]:
     """The Arrow type of Decimal field ``f`` and its converter of one Decimal message to a Python Decimal."""
     scale = decimal_scale(f)
@@ -110,10 +132,10 @@ def decimal_field(f: Any) -> tuple[pa.DataType, Callable[[Any], Decimal]]:
     name = f.name
 
     def convert(message: Any) -> Decimal:
-        number = _EXACT.add(Decimal(message.units), Decimal(message.fraction).scaleb(-9))
+        number = _EXACT.add(Decimal(message.units), Decimal(message.fraction).scaleb(-FRACTION_DIGITS))
         fitted = number.quantize(exponent, context=_EXACT)
         if fitted != number:
             raise decode_error(f"{name}: additionalTypes.Decimal {number} has more than {scale} decimal places")
         return fitted
 
-    return pa.decimal128(_UNIT_DIGITS + scale, scale), convert
+    return decimal_type(scale), convert

@@ -10,12 +10,14 @@ rows whose next tag is the field's read its value and step past it; the others h
 Like Avro's lane, this one only ever *declines* a message, never decides one: bytes left unread at a message's
 end (a field out of order or repeated, an unknown field, a wrong wire type), a length past the end, a varint
 longer than 64 bits (a tag or a length longer than 5 bytes), a value outside its field's range, a number a
-closed (proto2) enum does not name, invalid UTF-8, a Timestamp outside Python's datetimes: the caller reads
+closed (proto2) enum does not name, invalid UTF-8, a Timestamp outside Python's datetimes, a Decimal finer than
+its column's scale: the caller reads
 those messages with the protobuf library, which alone makes dead letters.
 
 Schemas it reads: scalars, strings, bytes, enums, nested messages, ``google.protobuf.Timestamp`` and the
-wrapper types. A repeated field, a map, a group, a oneof of several fields, AWS's ``additionalTypes.Decimal``
-(:mod:`~kafka2delta.serialization.protobuf_aws`), a recursive message or messages
+wrapper types, and AWS's ``additionalTypes.Decimal`` at a scale of at most 9
+(:mod:`~kafka2delta.serialization.protobuf_aws`). A repeated field, a map, a group, a oneof of several fields, a
+Decimal at a finer scale, a recursive message or messages
 nested deeper than :data:`MAX_MESSAGE_DEPTH` make :func:`wire_reader` answer None: that schema keeps the
 protobuf library's lane.
 """
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 import numpy as np
@@ -43,7 +46,7 @@ from kafka2delta.serialization.avro_batch import (
     unsigned_varint,
     zigzag,
 )
-from kafka2delta.serialization.protobuf_aws import DECIMAL
+from kafka2delta.serialization.protobuf_aws import FRACTION_DIGITS, decimal_scale, decimal_type, is_aws_decimal
 
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 _UINT32_LIMIT = np.uint64(2**32)
@@ -195,8 +198,11 @@ def _value(f: Any, stack: tuple[str, ...]) -> tuple[pa.DataType, int, Read]:
         name = message_type.full_name
         if name == _TIMESTAMP:
             return pa.timestamp("us", "UTC"), _LENGTH, _embedded(_message(message_type, stack)[1], _timestamp)
-        if name == DECIMAL:
-            raise _Unsupported(f"{name} field {f.name}")  # its scale lives in the field's options
+        if is_aws_decimal(message_type):
+            scale = decimal_scale(f)  # from the field's options, as the library lane's
+            if scale > FRACTION_DIGITS:
+                raise _Unsupported(f"{name} field {f.name} at scale {scale}")
+            return decimal_type(scale), _LENGTH, _embedded(_message(message_type, stack)[1], _decimal(scale))
         arrow, read = _message(message_type, stack)
         if name in _WRAPPERS:
             return arrow.field(0).type, _LENGTH, _embedded(read, _unwrap)
@@ -241,6 +247,26 @@ def _timestamp(cursor: Cursor, rows: Ints, timestamp: pa.StructArray) -> pa.Arra
     wrong |= (micros < _MICROS_MIN) | (micros > _MICROS_MAX)
     cursor.decline(rows, wrong)
     return pa.array(np.where(wrong, 0, micros), pa.timestamp("us", "UTC"))
+
+
+def _decimal(scale: int) -> Callable[[Cursor, Ints, pa.StructArray], pa.Array]:
+    """AWS's Decimal (units, billionths) at a column scale of at most 9: ``units·10^scale + fraction/10^(9-scale)``
+    in decimal128 arithmetic, its unscaled digits then read at ``scale``. A fraction finer than the scale is
+    declined (the library lane makes it a dead letter naming the field)."""
+    step = 10 ** (FRACTION_DIGITS - scale)
+    shift = pa.scalar(Decimal(10**scale), pa.decimal128(10, 0))
+    arrow = decimal_type(scale)
+
+    def convert(cursor: Cursor, rows: Ints, decimal: pa.StructArray) -> pa.Array:
+        units = decimal.field(0).to_numpy(zero_copy_only=False).astype(np.int64)
+        fraction = decimal.field(1).to_numpy(zero_copy_only=False).astype(np.int64)
+        wrong = fraction % step != 0
+        cursor.decline(rows, wrong)
+        whole = pc.multiply(pa.array(units).cast(pa.decimal128(19, 0)), shift)
+        unscaled = pc.add(whole, pa.array(np.where(wrong, 0, fraction // step)).cast(pa.decimal128(19, 0)))
+        return pa.Array.from_buffers(arrow, len(unscaled), [None, unscaled.buffers()[1]], offset=unscaled.offset)
+
+    return convert
 
 
 def _enum(names: dict[int, str], closed: bool) -> Read:

@@ -26,6 +26,7 @@ from kafka2delta.serialization import protobuf as protobuf_module
 from kafka2delta.serialization.avro_batch import lay_out
 from kafka2delta.serialization.protobuf_batch import wire_reader
 from tests.support.decode_lanes import CORRUPTIONS, assert_agree, corrupt, identical, note_lane, same
+from tests.support.glue import AWS_PROTOS
 from tests.support.protobuf import compile_with_protoc, message_class
 from tests.support.serialization import MemoryRegistry, confluent, messages
 
@@ -42,6 +43,8 @@ WIRE_PROTO = """syntax = "proto3";
 package wire;
 import "google/protobuf/timestamp.proto";
 import "google/protobuf/wrappers.proto";
+import "additionalTypes/decimal.proto";
+import "metadata/metadata.proto";
 enum Kind { KIND_UNSPECIFIED = 0; VIEW = 1; BUY = 2; }
 message All {
   string far = 200;
@@ -50,6 +53,9 @@ message All {
   sfixed64 sf64 = 14; sint32 s32 = 15; sint64 s64 = 16; Inner inner = 17; google.protobuf.Timestamp at = 18;
   google.protobuf.Int64Value wrapped = 19; google.protobuf.StringValue wrapped_text = 20;
   optional int64 maybe = 21; optional string maybe_text = 22; google.protobuf.UInt64Value wrapped_u64 = 23;
+  additionalTypes.Decimal rate = 24;
+  additionalTypes.Decimal price = 25
+      [(metadata.metadata_key) = "connect.decimal.scale", (metadata.metadata_value) = "2"];
 }
 message Deep { fixed32 f = 1; }
 message Inner { string name = 1; sint64 delta = 2; Kind kind = 3; Deep deep = 4; }
@@ -64,7 +70,7 @@ ALL_ID, OLD_ID, UNREAD_ID = 41, 42, 43
 
 @cache
 def _pool() -> Any:
-    return compile_with_protoc({"wire.proto": WIRE_PROTO}, "wire.proto")
+    return compile_with_protoc({"wire.proto": WIRE_PROTO, **AWS_PROTOS}, "wire.proto")
 
 
 def _registry() -> MemoryRegistry:
@@ -118,6 +124,9 @@ _ALL = st.fixed_dictionaries(
         "maybe": _int64,
         "maybe_text": st.text(max_size=3),
         "wrapped_u64": st.one_of(st.none(), st.integers(0, 2**64 - 1)),
+        # AWS's Decimals (units, billionths): any at scale 9; at scale 2, cents, or finer (the library's dead letter).
+        "rate": st.tuples(_int64, _int32),
+        "price": st.tuples(_int64, st.one_of(st.integers(-99, 99).map(lambda cents: cents * 10**7), _int32)),
     },
 )
 
@@ -135,6 +144,9 @@ def _all(values: dict[str, Any]) -> Any:
             message.inner.SetInParent()
         elif name == "at":
             message.at.seconds, message.at.nanos = value
+        elif name in ("rate", "price"):
+            getattr(message, name).SetInParent()
+            getattr(message, name).units, getattr(message, name).fraction = value
         elif name.startswith("wrapped"):
             getattr(message, name).SetInParent()
             if value is not None:
@@ -270,10 +282,14 @@ def test_what_the_wire_lane_declines_the_library_lane_reads() -> None:
         'syntax = "proto3"; message M { oneof o { int64 a = 1; string b = 2; } }',
         'syntax = "proto3"; message M { M next = 1; int64 v = 2; }',
         'syntax = "proto2"; message M { optional group G = 1 { optional int64 a = 2; } }',
+        # A Decimal column finer than billionths (the lane reads scales up to 9, a Decimal's own resolution).
+        'syntax = "proto3"; import "additionalTypes/decimal.proto"; import "metadata/metadata.proto";'
+        ' message M { additionalTypes.Decimal d = 1 [(metadata.metadata_key) = "connect.decimal.scale",'
+        ' (metadata.metadata_value) = "12"]; }',
     ],
 )
 def test_schemas_the_wire_lane_leaves_to_the_library(proto: str) -> None:
-    descriptor = compile_with_protoc({"m.proto": proto}, "m.proto").FindMessageTypeByName("M")
+    descriptor = compile_with_protoc({"m.proto": proto, **AWS_PROTOS}, "m.proto").FindMessageTypeByName("M")
     assert wire_reader(descriptor, protobuf_to_arrow(descriptor)) is None
 
 

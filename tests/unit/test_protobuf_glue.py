@@ -223,10 +223,24 @@ def test_aws_decimals_land_as_decimals_at_the_scale_their_metadata_names(glue: G
     whole = deserializer().decode(messages(payloads), range(len(payloads)))
     assert len(whole.table) == BATCH and [position for position, _ in whole.failures] == [5]
     # Without the inexact one (which sends its batch one by one, to find it), the library's column lane reads
-    # them all: the wire lane leaves Decimals to it.
+    # them all (the repeated field keeps them from the wire lane, which tests/unit/test_protobuf_batch.py checks).
     exact = deserializer().decode(messages(payloads[:5] + payloads[6:]), range(BATCH))
     assert exact.failures == [] and exact.fast == list(range(BATCH)) and not exact.documents
     assert exact.table.equals(whole.table)
+
+
+def test_a_schema_s_own_additional_types_decimal_stays_a_message(glue: GlueSchemas) -> None:
+    """Only AWS's shape (units, billionths) is read as a number; a message merely named so keeps its fields."""
+    own = 'syntax = "proto3"; package additionalTypes; message Decimal { string value = 1; } message Amount { Decimal d = 1; }'
+    version = glue.register("own", own, "PROTOBUF")
+    row = message_class(compile_with_protoc({"o.proto": own}, "o.proto"), "additionalTypes.Amount")
+    payloads = [glue_protobuf(version, row(d={"value": "1.5"}))] * BATCH
+    decoded = deserializer().decode(messages(payloads), range(BATCH))  # Amount sorts first: the column lanes
+    assert (
+        decoded.failures == [] and not decoded.documents and decoded.table.to_pylist()[:1] == [{"d": {"value": "1.5"}}]
+    )
+    alone = deserializer().decode(messages(payloads[:1]), [0])
+    assert alone.failures == [] and alone.table.to_pylist() == [{"d": {"value": "1.5"}}]
 
 
 def test_protobuf_keys_in_glue_wire_format(glue: GlueSchemas) -> None:
