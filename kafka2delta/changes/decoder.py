@@ -72,7 +72,8 @@ class ChangeDeserializer:
             else:  # a changelog appends its deletes like any change
                 upserts[position] = change
         documents = {position: self._document(change) for position, change in upserts.items()}
-        table, fast = self._typed_table(upserts, documents)
+        row_types = _row_types(upserts)
+        table, fast = self._typed_table(row_types, documents)
         return Decoded(
             table=table,
             fast=fast,
@@ -80,7 +81,7 @@ class ChangeDeserializer:
             failures=failures,
             typed=True,
             deletes=deletes,
-            declared=self._declared(upserts),
+            declared=[(pa.schema(self._with_change_columns(list(fields))), at) for fields, at in row_types],
         )
 
     def document(self, messages: PartitionMessages, position: int) -> dict[str, Any]:
@@ -98,7 +99,8 @@ class ChangeDeserializer:
         payload = messages.payloads[position]
         value, value_type = self._read_value(messages, position, payload) if payload else (None, None)
         change = self._unwrap(value, key, self._options.key)
-        if value_type is not None and change.fields is None and not change.delete:
+        if value_type is not None and change.fields is None and (not change.delete or not self._options.upsert):
+            # A changelog's delete is a row too: typed by its message type, as an Avro or Connect one is.
             change = dataclasses.replace(change, fields=tuple(value_type))
         missing = [column for column in self._options.key if change.row.get(column) is None]
         if missing:
@@ -150,19 +152,22 @@ class ChangeDeserializer:
         }
 
     def _typed_table(
-        self, upserts: dict[int, Change], documents: dict[int, dict[str, Any]]
+        self, row_types: list[tuple[tuple[pa.Field, ...], list[int]]], documents: dict[int, dict[str, Any]]
     ) -> tuple[pa.Table, list[int]]:
-        """The upserts a Connect schema describes, as one table in their (unified) schema, keys first; the rest
-        stay documents (a value Arrow refuses sends the batch's upserts there, where the failing one is found)."""
-        typed = [position for position, change in upserts.items() if change.fields is not None]
-        if not typed:
+        """The upserts a Connect schema or message type describes, as one table in their unified schema (a member
+        one version adds to a nested struct included), keys first; the rest stay documents (as do all of them when
+        two versions give a column types Arrow cannot unify, or when Arrow refuses a value: there the failing
+        one is found)."""
+        if not row_types:
             return pa.table({}), []
-        row: dict[str, pa.Field] = {}
-        for position in typed:
-            for member in upserts[position].fields or ():
-                row.setdefault(member.name, member.with_nullable(True))
-        keys = [row[column] for column in self._options.key if column in row]
-        fields = self._with_change_columns(keys + [f for name, f in row.items() if name not in self._options.key])
+        schemas = [pa.schema([member.with_nullable(True) for member in fields]) for fields, _ in row_types]
+        try:
+            row = schemas[0] if len(schemas) == 1 else pa.unify_schemas(schemas, promote_options="permissive")
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+            return pa.table({}), []
+        keys = [row.field(column) for column in self._options.key if column in row.names]
+        fields = self._with_change_columns(keys + [f for f in row if f.name not in self._options.key])
+        typed = sorted(position for _, at in row_types for position in at)
         try:
             return pa.Table.from_pylist([documents[p] for p in typed], schema=pa.schema(fields)), typed
         except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, ValueError, TypeError):
@@ -178,15 +183,24 @@ class ChangeDeserializer:
             fields.append(pa.field(BEFORE_COLUMN, pa.struct(image)))
         return fields
 
-    def _declared(self, upserts: dict[int, Change]) -> list[tuple[pa.Schema, Sequence[int]]]:
-        """The columns each Connect schema or message type declares, with the upserts it wrote (grouped by the
-        names alone: hashing Arrow fields costs more than the change did)."""
-        by_schema: dict[tuple[str, ...], tuple[tuple[pa.Field, ...], list[int]]] = {}
-        for position, change in upserts.items():
-            if change.fields is not None:
-                names = tuple(member.name for member in change.fields)
-                by_schema.setdefault(names, (change.fields, []))[1].append(position)
-        return [(pa.schema(self._with_change_columns(list(fields))), at) for fields, at in by_schema.values()]
+
+def _row_types(upserts: dict[int, Change]) -> list[tuple[tuple[pa.Field, ...], list[int]]]:
+    """The distinct row types among the upserts that have one, each with the upserts it wrote. Grouped by the
+    names first (comparing Arrow fields costs more than the change did), then by the types, so a version that
+    adds a member to a nested struct, or widens a column, is a type of its own."""
+    by_names: dict[tuple[str, ...], list[tuple[tuple[pa.Field, ...], list[int]]]] = {}
+    for position, change in upserts.items():
+        fields = change.fields
+        if fields is None:
+            continue
+        groups = by_names.setdefault(tuple(member.name for member in fields), [])
+        for known, at in groups:
+            if known is fields or known == fields:
+                at.append(position)
+                break
+        else:
+            groups.append((fields, [position]))
+    return [group for groups in by_names.values() for group in groups]
 
 
 def _image_type(event: pa.StructType | None) -> pa.StructType | None:

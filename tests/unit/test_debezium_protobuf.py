@@ -170,3 +170,73 @@ def test_a_changelog_keeps_every_change_and_the_before_image_typed_as_the_row(
     )
     assert skipped == 2.0  # the tombstones: a changelog records the delete events
     assert got[3]["_before"]["counts"] == [] and got[4]["_before"]["counts"] == [("a", 1)]
+
+
+# Two versions of a smaller envelope: v2 adds a member to a message nested in the row.
+NESTED_V1 = """syntax = "proto3";
+package shop.public.users;
+message Envelope {
+  Value before = 1;
+  Value after = 2;
+  string op = 4;
+  message Value { int32 id = 1; Address address = 2; map<string, int64> counts = 3; }
+  message Address { string street = 1; }
+}
+"""
+NESTED_V2 = NESTED_V1.replace("string street = 1; }", "string street = 1; string zip = 2; }")
+NESTED_IDS = (33, 34)
+
+
+def nested_event(
+    version: int, op: str, *, before: dict[str, Any] | None = None, after: dict[str, Any] | None = None
+) -> bytes:
+    text = (NESTED_V1, NESTED_V2)[version - 1]
+    envelope = message_class(compile_with_protoc({"users.proto": text}, "users.proto"), "shop.public.users.Envelope")
+    message = envelope(op=op, before=before, after=after)
+    return confluent(NESTED_IDS[version - 1], message.SerializeToString(), b"\x00")
+
+
+@pytest.mark.parametrize("mode", ["changelog", "upsert"])
+def test_a_member_a_new_version_adds_to_a_nested_message_lands_and_changelog_deletes_are_typed(
+    tmp_path: Path, registry: FakeRegistry, mode: str
+) -> None:
+    """Found by review: the rows of two versions in one batch were typed by the first one's nested message (the
+    second's new member silently dropped), and a changelog's delete events were typed by their values (a first
+    batch of deletes made ``counts`` a struct of its keys, and later keys were lost)."""
+    for schema_id, text in zip(NESTED_IDS, (NESTED_V1, NESTED_V2), strict=True):
+        registry.state.register(schema_id, text, "PROTOBUF")
+    before_image = str(mode == "changelog").lower()
+    cfg = protobuf_config(
+        tmp_path, mode, registry, K2D_TABLE__BEFORE_IMAGE=before_image, K2D_TABLE__SCHEMA_EVOLUTION="merge"
+    )
+    first = [(key(1), nested_event(1, "d", before={"id": 1, "address": {"street": "s1"}, "counts": {"a": 1}}))]
+    metrics = ingest_until_caught_up(cfg, TopicsSource([change_batch(P0, 0, first)], {P0: 1}))
+    skipped = metrics.registry.get_sample_value(
+        "kafka2delta_messages_skipped_total", {"topic": "cdc", "partition": "0", "reason": "empty"}
+    )
+    assert skipped == (1 if mode == "upsert" else None)  # an upsert's delete before any column: nothing to delete
+    second = [
+        (key(2), nested_event(1, "c", after={"id": 2, "address": {"street": "s2"}})),
+        (key(3), nested_event(2, "c", after={"id": 3, "address": {"street": "s3", "zip": "Z3"}, "counts": {"c": 3}})),
+        (key(2), nested_event(1, "u", before={"id": 2, "counts": {"b": 2}}, after={"id": 2, "counts": {"b": 3}})),
+    ]
+    ingest_until_caught_up(cfg, TopicsSource([change_batch(P0, 1, second)], {P0: 4}))
+    table = DeltaTable(str(tmp_path / "table"))
+    schema = pa.schema(table.schema().to_arrow())
+    address = pa.struct([("street", pa.string()), ("zip", pa.string())])
+    assert schema.field("address").type == address
+    assert schema.field("counts").type == pa.map_(pa.string(), pa.int64())
+    rows = {(r["id"], r.get("_op")): r for r in table.to_pyarrow_table().to_pylist()}
+    assert DeltaTable(str(tmp_path / "dlq")).to_pyarrow_table().num_rows == 0
+    if mode == "upsert":
+        assert sorted(rows) == [(2, None), (3, None)]
+        assert rows[3, None]["address"] == {"street": "s3", "zip": "Z3"} and rows[3, None]["counts"] == [("c", 3)]
+        assert rows[2, None]["counts"] == [("b", 3)] and rows[2, None]["address"] is None
+        return
+    assert schema.field("_before").type == pa.struct(
+        [("id", pa.int32()), ("address", address), ("counts", pa.map_(pa.string(), pa.int64()))]
+    )
+    assert sorted(rows) == [(1, "d"), (2, "c"), (2, "u"), (3, "c")]
+    assert rows[1, "d"]["_before"] == {"id": 1, "address": {"street": "s1", "zip": None}, "counts": [("a", 1)]}
+    assert rows[3, "c"]["address"] == {"street": "s3", "zip": "Z3"}
+    assert rows[2, "u"]["_before"]["counts"] == [("b", 2)] and rows[2, "u"]["counts"] == [("b", 3)]
