@@ -472,12 +472,23 @@ class _Outcome:
                 )
 
     def result(self, messages: PartitionMessages, schema: pa.Schema) -> ProcessedPartition:
-        tables = [conform(table, schema) for table in self._tables]
+        tables, unordered, skipped_empty = self._tables, self._positions, self.skipped_empty
+        if not schema.names and unordered:
+            # No column yet, so no row a table can hold (Arrow has no rows without columns). A value with no
+            # fields (``{}``) is kept as a dead letter, so none is lost and ``verify`` finds it; an upsert's delete
+            # has nothing to delete yet: a counted skip.
+            for position in unordered:
+                if position in self._deletes:
+                    skipped_empty += 1
+                else:
+                    self.dead(position, MessageError("coerce", "the value has no fields and the table no column yet"))
+            tables, unordered = [], []
+        tables = [conform(table, schema) for table in tables]
         rows = pa.concat_tables(tables) if tables else schema.empty_table()
-        order = sorted(range(len(self._positions)), key=self._positions.__getitem__)
+        order = sorted(range(len(unordered)), key=unordered.__getitem__)
         if order != list(range(len(order))):
             rows = rows.take(pa.array(order, pa.int64()))
-        positions = [self._positions[i] for i in order]
+        positions = [unordered[i] for i in order]
         self.dead_letters.sort(key=lambda letter: letter.offset)
         return ProcessedPartition(
             topic=messages.topic,
@@ -486,7 +497,7 @@ class _Outcome:
             row_offsets=[messages.offsets[p] for p in positions],
             row_timestamps_ms=_row_timestamps(messages, positions),
             dead_letters=self.dead_letters,
-            skipped_empty=self.skipped_empty,
+            skipped_empty=skipped_empty,
             first_offset=messages.offsets[0],
             last_offset=messages.offsets[-1],
             max_timestamp_ms=max(messages.timestamps_ms),

@@ -120,6 +120,33 @@ def test_a_table_without_schema_is_created_from_its_first_rows(tmp_path: Path) -
     assert table.transaction_version("b-0") == 1
 
 
+def test_values_without_fields_before_the_table_has_a_column_are_dead_letters(tmp_path: Path) -> None:
+    """Found by review: ``{}`` while a new table has no column yet is no row Arrow or Delta can hold; it was
+    neither a row, a dead letter nor a counted skip. Once a column exists, ``{}`` is a row of nulls."""
+    uri = tmp_path / "free"
+    cfg = load_config(
+        None,
+        environ={
+            "K2D_KAFKA__BOOTSTRAP_SERVERS": "unused:1",
+            "K2D_KAFKA__TOPIC": "b",
+            "K2D_TABLE__URI": str(uri),
+            "K2D_TABLE__SCHEMA_EVOLUTION": "merge",
+            "K2D_DEAD_LETTERS__TABLE_URI": str(tmp_path / "dlq"),
+        },
+    )
+    ingest_until_caught_up(cfg, TopicsSource([messages_of(B0, 0, [{}, {}])], {B0: 2}))
+    assert not (uri / "_delta_log").exists()
+    letters = DeltaTable(str(tmp_path / "dlq")).to_pyarrow_table().to_pylist()
+    assert [(r["offset"], r["stage"], r["error"]) for r in letters] == [
+        (offset, "coerce", "the value has no fields and the table no column yet") for offset in (0, 1)
+    ]
+    ingest_until_caught_up(cfg, TopicsSource([messages_of(B0, 2, [{"n": 1}, {}])], {B0: 4}))
+    table = DeltaTable(str(uri))
+    assert table.to_pyarrow_table().to_pylist() == [{"n": 1}, {"n": None}]
+    assert table.transaction_version("b-0") == 3
+    assert DeltaTable(str(tmp_path / "dlq")).to_pyarrow_table().num_rows == 2
+
+
 def test_a_json_table_without_schema_needs_merge(tmp_path: Path) -> None:
     cfg = load_config(
         None,
