@@ -128,6 +128,11 @@ class Pipeline:
         result = outcome.result(messages, self._schema)
         if self._schema is not before:
             result = self._keep_used_columns(result, before, outcome.declared(self._targets()))
+            if not self._schema.names and result.row_offsets:
+                # Every new column is dropped again: the rows left have no column (``_Outcome.result``).
+                added = result.added_columns
+                result = outcome.result(messages, self._schema)
+                result.added_columns = added
         return result
 
     def _keep_used_columns(
@@ -196,7 +201,22 @@ class Pipeline:
         """The columns a typed decode's schemas give its rows (writer schemas, Connect schemas, message types),
         whichever lane they take next; not a transform's targets, which are typed by their values."""
         targets = self._targets()
-        return pa.schema([f for f in decoded.table.schema if f.name not in targets])
+        columns = decoded.table.schema if decoded.table.num_columns else self._agreed_columns(decoded.declared)
+        return pa.schema([f for f in columns if f.name not in targets])
+
+    def _agreed_columns(self, declared: Sequence[tuple[pa.Schema, Sequence[int]]]) -> list[pa.Field]:
+        """The columns every declared schema that has them gives one type (keys first): what a batch whose
+        schemas conflict (a column changed type, so its typed rows took the per-message lane) still declares.
+        The conflicting columns are typed by their values."""
+        agreed: dict[str, pa.Field | None] = {}
+        for schema, _ in declared:
+            for f in schema:
+                known = agreed.setdefault(f.name, f)
+                if known is not None and known is not f and not known.equals(f):
+                    agreed[f.name] = None
+        fields = [f for f in agreed.values() if f is not None]
+        key = self.changes.key if self.changes is not None else ()
+        return sorted(fields, key=lambda f: key.index(f.name) if f.name in key else len(key))
 
     def _targets(self) -> frozenset[str]:
         return self._transformer.target_columns if self._transformer is not None else frozenset()
@@ -475,13 +495,19 @@ class _Outcome:
         tables, unordered, skipped_empty = self._tables, self._positions, self.skipped_empty
         if not schema.names and unordered:
             # No column yet, so no row a table can hold (Arrow has no rows without columns). A value with no
-            # fields (``{}``) is kept as a dead letter, so none is lost and ``verify`` finds it; an upsert's delete
-            # has nothing to delete yet: a counted skip.
+            # field that could add one (``{}``, only nulls, a name Delta refuses, or fields only filtered messages
+            # had) is kept as a dead letter, so none is lost and ``verify`` finds it; an upsert's delete has nothing
+            # to delete yet: a counted skip.
             for position in unordered:
                 if position in self._deletes:
                     skipped_empty += 1
                 else:
-                    self.dead(position, MessageError("coerce", "the value has no fields and the table no column yet"))
+                    self.dead(
+                        position,
+                        MessageError(
+                            "coerce", "no column yet: the table has none and the value no field with a value to add one"
+                        ),
+                    )
             tables, unordered = [], []
         tables = [conform(table, schema) for table in tables]
         rows = pa.concat_tables(tables) if tables else schema.empty_table()

@@ -79,16 +79,25 @@ def aws_protos() -> tuple[Any, ...]:
 
 
 def is_aws_decimal(descriptor: Any) -> bool:
-    """Whether a message type is AWS's Decimal: its name, and its units and billionths where AWS has them (a
-    schema's own ``additionalTypes.Decimal`` of another shape stays an ordinary message)."""
+    """Whether a message type is AWS's Decimal: its name and exactly its four plain fields (a schema's own
+    ``additionalTypes.Decimal`` of another shape, with ``optional`` or repeated fields or more members, stays an
+    ordinary message)."""
     if descriptor.full_name != DECIMAL:
         return False
-    units, fraction = descriptor.fields_by_number.get(1), descriptor.fields_by_number.get(2)
-    return (
-        units is not None
-        and fraction is not None
-        and (units.name, units.type, fraction.name, fraction.type) == ("units", F.TYPE_INT64, "fraction", F.TYPE_INT32)
-    )
+    return {(f.number, f.name, f.type, _repeated(f), f.has_presence) for f in descriptor.fields} == _DECIMAL_SHAPE
+
+
+def _repeated(f: Any) -> bool:
+    repeated = getattr(f, "is_repeated", None)  # protobuf ≥ 6; older versions only have ``label``
+    return bool(repeated) if repeated is not None else bool(f.label == f.LABEL_REPEATED)
+
+
+_DECIMAL_SHAPE = {
+    (1, "units", F.TYPE_INT64, False, False),
+    (2, "fraction", F.TYPE_INT32, False, False),
+    (3, "precision", F.TYPE_UINT32, False, False),
+    (4, "scale", F.TYPE_INT32, False, False),
+}
 
 
 @functools.cache

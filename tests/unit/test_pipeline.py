@@ -232,3 +232,25 @@ def test_fields_of_dead_letters_and_filtered_messages_do_not_become_columns() ->
     assert result.rows.schema == pipeline.schema
     assert result.added_columns == ["user.country", "color"]
     assert [letter.offset for letter in result.dead_letters] == [101] and result.skipped_filtered == 1
+
+
+@pytest.mark.parametrize(
+    ("documents", "filter_expression"),
+    [
+        ([{}], ""),
+        ([{"a": None}], ""),  # JSON fields without a schema wait for a value
+        ([{"bad name": 1}], ""),  # a name Delta refuses
+        ([{}, {"a": 1, "t": "x"}], "t != 'x'"),  # the column only a filtered message had is dropped again
+    ],
+)
+def test_a_value_no_column_can_hold_is_a_dead_letter(documents: list[dict[str, Any]], filter_expression: str) -> None:
+    """Found by review: while a new table has no column, a value that adds none was no row (Arrow has no rows
+    without columns), no dead letter and no skip."""
+    transformer = Transformer([], filter_expression) if filter_expression else None
+    pipeline = json_pipeline(pa.schema([]), transformer=transformer, schema_evolution="merge")
+    result = pipeline.process(messages([json.dumps(d).encode() for d in documents]))
+    assert result.rows.num_rows == 0 and result.row_offsets == [] and pipeline.schema.names == []
+    assert [(letter.offset, letter.stage, letter.reason) for letter in result.dead_letters] == [
+        (100, "coerce", "no column yet: the table has none and the value no field with a value to add one")
+    ]
+    assert result.skipped_filtered == len(documents) - 1

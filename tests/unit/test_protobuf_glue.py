@@ -229,18 +229,29 @@ def test_aws_decimals_land_as_decimals_at_the_scale_their_metadata_names(glue: G
     assert exact.table.equals(whole.table)
 
 
-def test_a_schema_s_own_additional_types_decimal_stays_a_message(glue: GlueSchemas) -> None:
-    """Only AWS's shape (units, billionths) is read as a number; a message merely named so keeps its fields."""
-    own = 'syntax = "proto3"; package additionalTypes; message Decimal { string value = 1; } message Amount { Decimal d = 1; }'
+@pytest.mark.parametrize(
+    ("decimal", "value"),
+    [
+        ("string value = 1;", {"value": "1.5"}),
+        ("optional int64 units = 1; optional int32 fraction = 2;", {"units": 1, "fraction": None}),
+        ("repeated int64 units = 1; int32 fraction = 2;", {"units": [1, 2], "fraction": 0}),
+        ("int64 units = 1; int32 fraction = 2; string currency = 5;", {"units": 1, "fraction": 0, "currency": "EUR"}),
+    ],
+)
+def test_a_schema_s_own_additional_types_decimal_stays_a_message(
+    glue: GlueSchemas, decimal: str, value: dict[str, Any]
+) -> None:
+    """Only AWS's exact shape (four plain fields) is read as a number; a message merely named so keeps its fields
+    (found by review: optional members were misread by the wire lane, a repeated one stopped the pipeline)."""
+    own = f'syntax = "proto3"; package additionalTypes; message Decimal {{ {decimal} }} message Amount {{ Decimal d = 1; }}'
     version = glue.register("own", own, "PROTOBUF")
     row = message_class(compile_with_protoc({"o.proto": own}, "o.proto"), "additionalTypes.Amount")
-    payloads = [glue_protobuf(version, row(d={"value": "1.5"}))] * BATCH
+    given = {name: item for name, item in value.items() if item is not None}
+    payloads = [glue_protobuf(version, row(d=given))] * BATCH
     decoded = deserializer().decode(messages(payloads), range(BATCH))  # Amount sorts first: the column lanes
-    assert (
-        decoded.failures == [] and not decoded.documents and decoded.table.to_pylist()[:1] == [{"d": {"value": "1.5"}}]
-    )
+    assert decoded.failures == [] and not decoded.documents and decoded.table.to_pylist()[:1] == [{"d": value}]
     alone = deserializer().decode(messages(payloads[:1]), [0])
-    assert alone.failures == [] and alone.table.to_pylist() == [{"d": {"value": "1.5"}}]
+    assert alone.failures == [] and alone.table.to_pylist() == [{"d": value}]
 
 
 def test_protobuf_keys_in_glue_wire_format(glue: GlueSchemas) -> None:

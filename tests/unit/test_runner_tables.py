@@ -138,7 +138,8 @@ def test_values_without_fields_before_the_table_has_a_column_are_dead_letters(tm
     assert not (uri / "_delta_log").exists()
     letters = DeltaTable(str(tmp_path / "dlq")).to_pyarrow_table().to_pylist()
     assert [(r["offset"], r["stage"], r["error"]) for r in letters] == [
-        (offset, "coerce", "the value has no fields and the table no column yet") for offset in (0, 1)
+        (offset, "coerce", "no column yet: the table has none and the value no field with a value to add one")
+        for offset in (0, 1)
     ]
     ingest_until_caught_up(cfg, TopicsSource([messages_of(B0, 2, [{"n": 1}, {}])], {B0: 4}))
     table = DeltaTable(str(uri))

@@ -256,6 +256,21 @@ def test_a_column_the_connect_schema_declares_is_a_column_while_every_value_is_n
     )
 
 
+def test_versions_of_one_batch_that_disagree_on_a_column_still_declare_the_others(tmp_path: Path) -> None:
+    """Found by review: when a column changed type between two versions in one batch (so their rows take the
+    per-message lane), a new table lost the columns both still declare while null, and the key's type."""
+    cfg = config(tmp_path, K2D_FORMAT__ENVELOPE="debezium", K2D_TABLE__SCHEMA_EVOLUTION="merge")
+    columns = [field("id", "int32", optional=False), field("c", "int32"), field("n", "string")]
+    old = SourceTable("t", columns, ["id"])
+    new = SourceTable("t", [columns[0], field("c", "string"), columns[2]], ["id"])
+    batch = [old.event("c", {"id": 1, "c": 5, "n": None}), new.event("c", {"id": 2, "c": "x", "n": None}, lsn=2)]
+    ingest_until_caught_up(cfg, TopicsSource([change_batch(P0, 0, batch)], {P0: 2}))
+    schema = pa.schema(DeltaTable(str(tmp_path / "table")).schema().to_arrow())
+    assert schema.field("id").type == pa.int32() and schema.field("n").type == pa.string()
+    assert schema.names[0] == "id" and schema.field("c").type == pa.string()  # c typed by its values
+    assert rows(tmp_path) == [{"id": 1, "c": "5", "n": None}, {"id": 2, "c": "x", "n": None}]
+
+
 def test_a_truncate_is_a_dead_letter_that_says_why(tmp_path: Path) -> None:
     cfg = config(tmp_path, K2D_FORMAT__ENVELOPE="debezium", K2D_TABLE__SCHEMA=SCHEMA)
     truncate = json.dumps({"before": None, "after": None, "op": "t", "source": {"ts_ms": 1}}).encode()
