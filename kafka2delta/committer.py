@@ -301,12 +301,14 @@ class Committer:
         expected = {p: partitions[p].dead_letters_committed for p in letters}
         # Normally the batch's last offset; a replay that records inside an older window never lowers it.
         versions = {p: max(pending.buffers[p].last_offset, _or_minus_one(expected[p])) for p in letters}
-        # Inside an older window the txn does not move, so it cannot tell whether an ambiguous commit
-        # landed: there, the table itself is asked (before, to skip what landed; after, to confirm).
+        # Inside an older window the txn does not move, so it cannot tell whether an ambiguous commit landed, nor
+        # whether a zombie already recorded a letter there (found by review): for letters at or below the txn,
+        # the table itself is asked (before, to skip what landed; after, where the txn stays, to confirm).
+        for partition, batch in letters.items():
+            window = _or_minus_one(expected[partition])
+            landed = self._recorded_among(partition, [letter for letter in batch if letter.offset <= window])
+            letters[partition] = [letter for letter in batch if letter.offset not in landed]
         unmoved = [p for p in letters if versions[p] == expected[p]]
-        for partition in unmoved:
-            landed = self._recorded_among(partition, letters[partition])
-            letters[partition] = [letter for letter in letters[partition] if letter.offset not in landed]
         metadata = self._metadata(
             {tp: OffsetRange(pending.buffers[tp].first_offset, pending.buffers[tp].last_offset) for tp in letters}
         )

@@ -117,9 +117,13 @@ def classify_commit(
     ours: Mapping[K, int],
     in_log: Mapping[K, int | None],
 ) -> dict[K, CommitOutcome]:
-    """After an ambiguous or failed commit, say per partition what the log shows happened."""
+    """After an ambiguous or failed commit, say per partition what the log shows happened. A partition the commit
+    did not move (a replay inside an older window: ours == expected) cannot tell and is left out unless it
+    moved: the commit is atomic, so the others say for it too (and with none left, the caller asks the table)."""
     outcome = {}
     for partition, version in in_log.items():
+        if ours[partition] == expected[partition] and version == expected[partition]:
+            continue
         if version == ours[partition]:
             outcome[partition] = CommitOutcome.COMMITTED
         elif version == expected[partition]:

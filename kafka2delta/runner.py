@@ -103,6 +103,8 @@ class Ingestor:
         # partitions re-positioned since it began (the messages it returns for them are stale), and the
         # seeks decided inside its rebalance callbacks (made once it returns).
         self._resynced: set[TopicPartition] = set()
+        self._resynced_in_flush: set[TopicPartition] = set()
+        """Partitions resynced by a commit of the flush under way: its later tables must not commit them."""
         self._deferred_seeks: dict[TopicPartition, int | LogicalOffset] = {}
         # For --until-caught-up, kept across re-assignments: the high watermark when a partition was first
         # assigned, and the end-of-partition events seen.
@@ -362,13 +364,15 @@ class Ingestor:
             taken, key=lambda uri: (not any(self._partitions[tp].tables[uri] is None for tp in taken[uri]), uri)
         )
         committed: set[TopicPartition] = set()
-        resynced_before = set(self._resynced)
+        # Not _resynced, which may already hold the partition (an out-of-range seek in the same turn): only a
+        # resync by this flush's own commits says its positions were read again.
+        self._resynced_in_flush = set()
         for index, uri in enumerate(order):
             if index:
                 faults.point("between_table_commits")
             # A partition resynced by an earlier table's commit (a conflict, no turn) is read again from its
             # tables' lowest version: its other tables must not commit past that either.
-            dropped = self._resynced - resynced_before
+            dropped = self._resynced_in_flush
             buffers = {tp: buffer for tp, buffer in taken[uri].items() if tp not in dropped}
             if buffers:
                 committed |= self._flush_table(reason, self._tables[uri], buffers)
@@ -580,6 +584,7 @@ class Ingestor:
         """Forget what we hold for ``tp`` and fetch again from its tables' lowest txn version + 1."""
         self._buffers.drop(tp)
         self._resynced.add(tp)
+        self._resynced_in_flush.add(tp)
         self._reached.pop(tp, None)  # the end it reached is ahead of where it reads again
         state = self._partitions.get(tp)
         if state is None:

@@ -9,7 +9,7 @@ from deltalake import DeltaTable, Field
 from deltalake.schema import PrimitiveType
 
 from kafka2delta.dead_letters import DEAD_LETTER_SCHEMA, DeadLetterTable
-from kafka2delta.errors import CommitConflict
+from kafka2delta.errors import CommitConflict, RetryableError
 from kafka2delta.offsets import TxnIds
 from kafka2delta.records import DeadLetter, Stage, TopicPartition, payload_json
 
@@ -88,3 +88,19 @@ def test_apps_sharing_a_dead_letter_table_do_not_see_each_others_letters(tmp_pat
     assert theirs.recorded_offsets(P0, None, 5) == {3}
     apps = {r["offset"]: r["app_id"] for r in DeltaTable(str(tmp_path / "dlq")).to_pyarrow_table().to_pylist()}
     assert apps == {3: "other-app", 4: "app"}
+
+
+def test_a_failed_commit_replaying_an_older_window_beside_a_moving_partition_is_retried(tmp_path: Path) -> None:
+    """Found by review: P0 records inside its older window (its txn stays 7), P1 moves 0 → 9; a transient error
+    read as "landed for P0 only" (the log holds 7, both ours and expected) stopped the daemon instead of retrying."""
+    table = open_table(tmp_path)
+    table.commit({P0: [letter(0, 4)], P1: []}, {P0: None, P1: None}, {P0: 7, P1: 0}, {})
+    delta = table._writer._table
+
+    def reset(*args: object, **kwargs: object) -> None:
+        raise OSError("connection reset")
+
+    delta.create_write_transaction = reset  # type: ignore[method-assign]
+    with pytest.raises(RetryableError, match="failed commit"):
+        table.commit({P0: [letter(0, 5)], P1: [letter(1, 3)]}, {P0: 7, P1: 0}, {P0: 7, P1: 9}, {})
+    assert table.committed_offsets([P0, P1]) == {P0: 7, P1: 0}

@@ -47,3 +47,7 @@ def test_classify_commit() -> None:
     ours = {0: 20, 1: 3, 2: 9}
     outcome = classify_commit(expected, ours, {0: 20, 1: None, 2: 7})
     assert outcome == {0: CommitOutcome.COMMITTED, 1: CommitOutcome.NOT_COMMITTED, 2: CommitOutcome.MOVED}
+    # A partition the commit does not move (a replay in an older window) tells nothing, unless someone moved it.
+    unmoved = classify_commit({0: 10, 3: 5}, {0: 20, 3: 5}, {0: 10, 3: 5})
+    assert unmoved == {0: CommitOutcome.NOT_COMMITTED}
+    assert classify_commit({3: 5}, {3: 5}, {3: 9}) == {3: CommitOutcome.MOVED}
