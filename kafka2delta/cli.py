@@ -250,6 +250,7 @@ def open_dead_letters(config: Config, routes: Routes, uri: str | None = None) ->
         config.table.checkpoint_interval,
         legacy,
         routes.dead_letter_app_ids,
+        lambda topic: routes.dead_letter_txn_ids(topic).multi_topic,
     )
 
 

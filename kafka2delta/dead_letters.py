@@ -85,10 +85,16 @@ class DeadLetterTable:
     """The daemon's dead-letter Delta table, with its own txn per topic partition."""
 
     def __init__(
-        self, writer: DeltaWriter, prefix: Callable[[str], str], app_ids: Callable[[str], Sequence[str]] | None = None
+        self,
+        writer: DeltaWriter,
+        prefix: Callable[[str], str],
+        app_ids: Callable[[str], Sequence[str]] | None = None,
+        names_topic: Callable[[str], bool] | None = None,
     ) -> None:
-        """``app_ids``: every ``app_id`` a topic's dead letters carry (default: its prefix alone)."""
+        """``app_ids``: every ``app_id`` a topic's dead letters carry (default: its prefix alone);
+        ``names_topic``: whether a topic's dead-letter txn ids name the topic (default: no)."""
         self._app_ids = app_ids or (lambda topic: (prefix(topic),))
+        self._names_topic = names_topic or (lambda topic: False)
         self._writer = writer
         self._prefix = prefix
 
@@ -102,6 +108,7 @@ class DeadLetterTable:
         checkpoint_interval: int,
         legacy_txn_id: LegacyTxnId | None = None,
         app_ids: Callable[[str], Sequence[str]] | None = None,
+        names_topic: Callable[[str], bool] | None = None,
     ) -> DeadLetterTable:
         """Open (or create) the table. ``prefix`` gives each topic's app id (the ``app_id`` column, and the txn
         app ids ``<prefix>-dlq-<partition>``; see :class:`kafka2delta.offsets.TxnIds`). A table made by an
@@ -124,7 +131,7 @@ class DeadLetterTable:
         if missing:
             writer.add_nullable_columns(missing)
             logger.info("added columns %s to the dead-letter table %s", [f.name for f in missing], uri)
-        return cls(writer, prefix, app_ids)
+        return cls(writer, prefix, app_ids, names_topic)
 
     @property
     def uri(self) -> str:
@@ -157,6 +164,9 @@ class DeadLetterTable:
 
         Raises CommitConflict, SchemaChanged (the table was altered) or RetryableError like the main table.
         """
+        # Whether *these* txn ids name the topic (the caller's metadata says so of its main table's): a later start
+        # that must find which topic wrote one-topic txn ids looks for commits without it (found by review).
+        metadata = {**metadata, "multi_topic": any(self._names_topic(tp.topic) for tp in versions)}
         now = dt.datetime.now(dt.UTC)
         actions = []
         for tp, batch in sorted(letters.items()):

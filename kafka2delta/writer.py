@@ -280,11 +280,14 @@ class DeltaWriter:
         }
         if not any(version is not None for version in older.values()):
             return
+        recorded = True
         if self._legacy_owner is None:
-            self._legacy_owner = self._topic_of_single_topic_commits()
+            self._legacy_owner, recorded = self._topic_of_single_topic_commits()
         owned = {tp: version for tp, version in older.items() if tp.topic == self._legacy_owner and version is not None}
         found.update(owned)
-        if owned:
+        if owned or not recorded:
+            # Named in a property at once, even by a process holding none of its partitions: the commits that name
+            # it may be past the history looked at when one does (found by review).
             self._migrate(owned)
 
     def _migrate(self, versions: dict[TopicPartition, int]) -> None:
@@ -304,7 +307,7 @@ class DeltaWriter:
                 )
 
             self._transaction(dict.fromkeys(versions), versions, metadata, run)
-            logger.info("%s: txn ids of %s now name the topic (versions %s)", self._uri, self._legacy_owner, versions)
+            logger.info("%s: one-topic txn ids are %s's (copied to ids naming it: %s)", self._uri, owner, versions)
         except CommitConflict:
             logger.info("%s: another writer moved the txn ids being migrated; using what it wrote", self._uri)
         except SchemaChanged as exc:
@@ -312,15 +315,16 @@ class DeltaWriter:
         finally:
             self._migrating = False
 
-    def _topic_of_single_topic_commits(self) -> str:
+    def _topic_of_single_topic_commits(self) -> tuple[str, bool]:
+        """The topic that wrote the one-topic txn ids, and whether the table's property already names it."""
         owner = self._table.metadata().configuration.get(LEGACY_OWNER_PROPERTY)
         if owner:
-            return str(owner)
+            return str(owner), True
         for entry in self._table.history(_HISTORY_LOOKED_AT):
             info = entry.get("kafka2delta")
             # A commit with one-topic txn ids: before 0.2 (no "multi_topic"), or since, of a one-topic table.
             if isinstance(info, dict) and not info.get("multi_topic") and isinstance(info.get("topic"), str):
-                return str(info["topic"])
+                return str(info["topic"]), False
         raise ConfigError(
             "table.app_id",
             f"{self._uri} holds txn ids of a single-topic configuration but no commit among its last "

@@ -401,3 +401,50 @@ def test_legacy_txn_ids_are_migrated_once_so_no_history_is_needed_later(
     ingest_until_caught_up(today, source)
     assert source.starts[A1] == 2
     assert ids(tmp_path / "all").count("a1-0") == 1 and "a1-2" in ids(tmp_path / "all")
+
+
+def test_legacy_dead_letter_txn_ids_keep_their_topic_when_another_topic_dead_letters_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by review: yesterday one topic z (txn ids ``shop-dlq-0``) crashed after recording its dead letter @3;
+    today topics a and z each have a table, and a pod holding only a records a dead letter first. Its commit must
+    not look like a one-topic one (the owner of ``shop-dlq-0`` would be taken to be a, and z@3 recorded again),
+    and the owner is named in a property at once, so a later start needs no history."""
+    yesterday = config(tmp_path, K2D_KAFKA__TOPIC="z", K2D_TABLE__URI=str(tmp_path / "z"), K2D_TABLE__APP_ID="shop")
+    z0 = TopicPartition("z", 0)
+
+    def broken_at(batch: ConsumedBatch, tp: TopicPartition, offset: int) -> ConsumedBatch:
+        messages = batch.partitions[tp]
+        messages.payloads[offset - messages.offsets[0]] = b"{broken"
+        return batch
+
+    def refusing_z(spec: TableSpec) -> OpenedTable:
+        opened = open_table(yesterday, spec)
+
+        def crash(*args: Any) -> int:
+            raise FatalError("crash after the dead-letter commit")
+
+        opened.writer.commit = crash  # type: ignore[method-assign,assignment]
+        return opened
+
+    ingest_until_caught_up(yesterday, TopicsSource([messages_of(z0, 0, docs("z", 0, 2))], {z0: 2}))
+    with pytest.raises(FatalError):
+        ingest_until_caught_up(
+            yesterday, TopicsSource([broken_at(messages_of(z0, 2, docs("z", 2, 3)), z0, 3)], {z0: 5}), refusing_z
+        )
+    today = config(
+        tmp_path, K2D_KAFKA__TOPICS="a,z", K2D_TABLE__URI=str(tmp_path / "{topic}"), K2D_TABLE__APP_ID="shop"
+    )
+    ingest_until_caught_up(today, TopicsSource([broken_at(messages_of(A0, 0, docs("a", 0, 3)), A0, 1)], {A0: 3}))
+    dlq = DeltaTable(str(tmp_path / "dlq"))
+    assert dlq.metadata().configuration.get("kafka2delta.legacyTxnTopic") == "z"
+    [newest] = dlq.history(1)  # a's dead letter: its txn id shop-a-dlq-0 names the topic, and its commit says so
+    assert newest["kafka2delta"]["multi_topic"] is True and newest["kafka2delta"]["topic"] == "a"
+
+    monkeypatch.setattr("kafka2delta.writer._HISTORY_LOOKED_AT", 0)  # the one-topic commits are out of reach
+    source = TopicsSource([broken_at(messages_of(z0, 2, docs("z", 2, 3)), z0, 3)], {z0: 5, A0: 3})
+    ingest_until_caught_up(today, source)
+    assert source.starts[z0] == 2
+    letters = DeltaTable(str(tmp_path / "dlq")).to_pyarrow_table().to_pylist()
+    assert sorted((row["topic"], row["offset"]) for row in letters) == [("a", 1), ("z", 3)]
+    assert ids(tmp_path / "z") == ["z0", "z1", "z2", "z4"]
