@@ -273,11 +273,10 @@ class DeltaWriter:
         """A table written by one topic before more could write it holds ``<app_id>-<partition>`` ids: they
         are that topic's (the one its older commits name) until the new ``<app_id>-<topic>-<partition>``
         ids exist."""
-        older = {
-            tp: self._table.transaction_version(legacy_id)
-            for tp in found
-            if found[tp] is None and (legacy_id := legacy(tp))
-        }
+        # Through the txn cache: a topic that never gets the new ids asks on every commit's check (found by review).
+        legacy_ids = {tp: legacy_id for tp in found if found[tp] is None and (legacy_id := legacy(tp))}
+        versions = self._txns.read(self._table, legacy_ids.values())
+        older = {tp: versions[legacy_id] for tp, legacy_id in legacy_ids.items()}
         if not any(version is not None for version in older.values()):
             return
         recorded = True
