@@ -31,28 +31,23 @@ def merge_changes(
     options: ChangeOptions,
     *,
     partition_by: Sequence[str],
-    evolve: bool,
     compression: str,
     properties: CommitProperties,
 ) -> dict[str, Any]:
     """Apply ``source`` (the last change per key, :data:`DELETE_FLAG` set on deletes) in one commit; returns
-    delta-rs's merge metrics (rows and files touched)."""
+    delta-rs's merge metrics (rows and files touched). The table already has every column of ``source`` (never
+    ``merge_schema``: delta-rs then nulls a struct that gains a member in the rows it copies)."""
     columns = [name for name in source.column_names if name != DELETE_FLAG]
-    if evolve:
-        # delta-rs takes a merged column's nullability from the source: keep the table's (a key stays not null).
-        nullable = {f.name: f.nullable for f in pa.schema(table.schema().to_arrow())}
-        source = source.cast(pa.schema([f.with_nullable(nullable.get(f.name, True)) for f in source.schema]))
     upsert = f"NOT {_SOURCE}.{quote(DELETE_FLAG)}"
     delete = f"{_SOURCE}.{quote(DELETE_FLAG)}"
     values = {quote(name): f"{_SOURCE}.{quote(name)}" for name in columns}
     updates = dict(values)
-    in_target = {f.name for f in pa.schema(table.schema().to_arrow())}
     if options.envelope == "debezium":
         # Debezium sends an unchanged TOASTed value (PostgreSQL without REPLICA IDENTITY FULL) as a placeholder:
         # an update keeps the value the row has.
         for name in columns:
             string = pa.types.is_string(source.schema.field(name).type)
-            if string and name in in_target and name not in options.key:  # a column this MERGE adds has no value yet
+            if string and name not in options.key:
                 column = quote(name)
                 updates[column] = (
                     f"CASE WHEN {_SOURCE}.{column} = {literal(UNAVAILABLE_VALUE)} THEN {_TARGET}.{column} "
@@ -63,7 +58,6 @@ def merge_changes(
         merge_predicate(source, options.key, partition_by),
         source_alias=_SOURCE,
         target_alias=_TARGET,
-        merge_schema=evolve,
         writer_properties=WriterProperties(compression=compression.upper()),  # type: ignore[arg-type]
         commit_properties=properties,
     )

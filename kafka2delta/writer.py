@@ -27,7 +27,7 @@ from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundErr
 from deltalake.transaction import AddAction, RemoveAction
 
 from kafka2delta.bisection import isolate_failures
-from kafka2delta.changes import ChangeOptions
+from kafka2delta.changes import DELETE_FLAG, ChangeOptions
 from kafka2delta.dictionaries import dictionary_columns
 from kafka2delta.encoded_rows import DATA_ERRORS, EncodedFile
 from kafka2delta.errors import (
@@ -478,25 +478,56 @@ class DeltaWriter:
         evolve: bool,
     ) -> int:
         """Apply ``changes`` (the last change per key) with one MERGE whose commit holds the txns (upsert
-        tables; ``evolve``: the changes add columns, committed in the same commit)."""
+        tables; ``evolve``: the changes add columns or struct members, committed just before in a commit of their
+        own: delta-rs's MERGE with ``merge_schema`` nulls the whole struct in the rows it copies when a struct
+        gains a member (found by review). That commit holds no txn and no file, so a replay after a crash
+        between the two finds the columns there and merges as usual)."""
+        if evolve:
+            self._add_columns_of(changes)
         stats: dict[str, Any] = {}
 
         def run(properties: CommitProperties) -> None:
+            before = self._table.version()
             stats.update(
                 merge_changes(
                     self._table,
                     changes,
                     options,
                     partition_by=self.partition_by,
-                    evolve=evolve,
                     compression=self._compression,
                     properties=properties,
                 )
             )
+            if self._table.version() == before:
+                # delta-rs commits nothing when the MERGE changes nothing (deletes of keys the table lacks, a
+                # flush of only dead letters): the txns must move all the same (found by review: the next
+                # flush took the unmoved txn for another writer's and resynced, forever at a fixed boundary).
+                self._table.create_write_transaction(
+                    [], mode="append", schema=self._table.schema(), commit_properties=properties
+                )
 
         version = self._transaction(expected, versions, metadata, run)
         self.last_merge = stats
         return version
+
+    def _add_columns_of(self, changes: pa.Table) -> None:
+        """Add the columns and struct members ``changes`` has that the table lacks (nullable; a column the table
+        has keeps its nullability), in one commit without files."""
+        nullable = {f.name: f.nullable for f in self.schema}
+        columns = [f.with_nullable(nullable.get(f.name, True)) for f in changes.schema if f.name != DELETE_FLAG]
+        try:
+            write_deltalake(
+                self._table,
+                pa.schema(columns).empty_table(),
+                mode="append",
+                schema_mode="merge",
+                partition_by=self.partition_by or None,
+                commit_properties=CommitProperties(custom_metadata={"kafka2delta": {"operation": "add columns"}}),
+            )
+            self._table.update_incremental()
+        except (DeltaError, OSError) as exc:
+            raise RetryableError(f"adding the columns of the changes to {self._uri}: {exc}") from exc
+        self.schema = _table_schema(self._table)
 
     def _transaction(
         self,

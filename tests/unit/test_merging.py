@@ -42,7 +42,6 @@ def test_a_merge_rewrites_only_the_files_whose_key_range_holds_a_change(tmp_path
         changes,
         ChangeOptions(key=("id",)),
         partition_by=[],
-        evolve=False,
         compression="snappy",
         properties=CommitProperties(),
     )

@@ -65,6 +65,43 @@ def test_the_table_holds_the_last_change_of_each_key_and_the_txn_in_one_commit(t
     assert table.schema().to_arrow().field("id").nullable is False  # a key column is never null
 
 
+def test_a_flush_that_changes_no_row_still_moves_the_txn(tmp_path: Path) -> None:
+    """Found by review: delta-rs commits nothing for a MERGE that changes nothing (here the tombstones of keys the
+    table lacks, as Debezium's that follow their delete into the next flush), so the txn stayed behind; the next
+    flush took that for another writer's commit and dropped its changes, forever at a fixed flush boundary."""
+    cfg = config(tmp_path, K2D_TABLE__SCHEMA=SCHEMA)
+    ingest_until_caught_up(cfg, TopicsSource([plain(P0, 0, [(1, {"id": 1, "name": "a"})])], {P0: 1}))
+    ingest_until_caught_up(cfg, TopicsSource([plain(P0, 1, [(8, None), (9, None)])], {P0: 3}))
+    assert DeltaTable(str(tmp_path / "table")).transaction_version("cdc-0") == 2
+    source = TopicsSource([plain(P0, 3, [(3, {"id": 3, "name": "c"})])], {P0: 4})
+    ingest_until_caught_up(cfg, source)
+    assert source.seeks == [] and rows(tmp_path) == [{"id": 1, "name": "a"}, {"id": 3, "name": "c"}]
+    assert DeltaTable(str(tmp_path / "table")).transaction_version("cdc-0") == 3
+
+
+def test_a_struct_that_gains_a_member_keeps_its_values_in_the_rows_the_merge_copies(tmp_path: Path) -> None:
+    """Found by review: with ``merge_schema``, delta-rs's MERGE nulled the struct of every row it copied (key 2,
+    in the file key 1's change rewrote); the columns are now added in a commit of their own first."""
+    cfg = config(tmp_path, K2D_TABLE__SCHEMA_EVOLUTION="merge", K2D_TABLE__SCHEMA=json.dumps({"id": "long"}))
+    first: list[tuple[int, dict[str, Any] | None]] = [
+        (1, {"id": 1, "addr": {"city": "a"}}),
+        (2, {"id": 2, "addr": {"city": "b"}}),
+    ]
+    second: list[tuple[int, dict[str, Any] | None]] = [
+        (1, {"id": 1, "addr": {"city": "a2", "zip": 5}}),
+        (3, {"id": 3, "addr": {"city": "c", "zip": 7}}),
+    ]
+    ingest_until_caught_up(cfg, TopicsSource([plain(P0, 0, first)], {P0: 2}))
+    ingest_until_caught_up(cfg, TopicsSource([plain(P0, 2, second)], {P0: 4}))
+    assert rows(tmp_path) == [
+        {"id": 1, "addr": {"city": "a2", "zip": 5}},
+        {"id": 2, "addr": {"city": "b", "zip": None}},
+        {"id": 3, "addr": {"city": "c", "zip": 7}},
+    ]
+    table = DeltaTable(str(tmp_path / "table"))
+    assert table.transaction_version("cdc-0") == 3 and table.history(1)[0]["operation"] == "MERGE"
+
+
 def test_a_replay_of_committed_offsets_changes_nothing(tmp_path: Path) -> None:
     cfg = config(tmp_path, K2D_TABLE__SCHEMA=SCHEMA)
     changes = [(1, {"id": 1, "name": "a"}), (1, None), (2, {"id": 2, "name": "b"})]
