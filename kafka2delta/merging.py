@@ -3,9 +3,9 @@ commit also carries the txn of every partition of the flush (``CommitProperties(
 
 delta-rs merges copy-on-write: every file holding a changed key is rewritten. What keeps a merge from
 reading and rewriting the whole table is the predicate: besides the key equality it bounds the key columns
-(ints, dates, timestamps) by the batch's minimum and maximum and the partition columns by the batch's values,
-so files whose statistics or partition values lie outside are never opened (README "Upsert tables": keys that
-arrive in order, partitioning, and Z-ordering the key keep the touched files few).
+(ints, dates) by the batch's minimum and maximum and the partition columns that are key columns by the batch's
+values, so files whose statistics or partition values lie outside are never opened (README "Upsert tables": keys
+that arrive in order, partitioning by a key column, and Z-ordering the key keep the touched files few).
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def merge_changes(
 
 def merge_predicate(source: pa.Table, key: Sequence[str], partition_by: Sequence[str]) -> str:
     """Key equality, plus the bounds that let delta-rs skip files: each orderable key column between the
-    batch's minimum and maximum, and each partition column (that is in the source) among the batch's values."""
+    batch's minimum and maximum, and each partition column that is a key column among the batch's values."""
     terms = [f"{_TARGET}.{quote(column)} = {_SOURCE}.{quote(column)}" for column in key]
     for column in key:
         values = source.column(column)
@@ -85,7 +85,10 @@ def merge_predicate(source: pa.Table, key: Sequence[str], partition_by: Sequence
             target = f"{_TARGET}.{quote(column)}"
             terms.append(f"{target} >= {literal(low.as_py())} AND {target} <= {literal(high.as_py())}")
     for column in partition_by:
-        if column not in source.column_names or column in key:
+        # Only a key column: a change may move its row to another value of any other column, and the row in its
+        # old partition must still be matched (bounding it by the new value inserted the key twice: found by
+        # review).
+        if column not in source.column_names or column not in key:
             continue
         values = source.column(column)
         distinct = pc.unique(values).to_pylist()

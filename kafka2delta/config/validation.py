@@ -169,6 +169,10 @@ def _validate_glue(config: Config) -> None:
         raise ConfigError("format.gzip", "Glue's wire format says itself whether a payload is compressed (zlib)")
 
 
+def _not_null(type_name: str) -> bool:
+    return type_name.strip().lower().endswith(" not null")
+
+
 CHANGE_COLUMN_NAMES = ("op", "source_ts", "lsn")
 _ENVELOPE_COLUMNS = ("source_ts", "lsn")
 
@@ -211,6 +215,17 @@ def _validate_changes(config: Config) -> None:
         if columns and any(column not in columns for column in key):
             missing = [column for column in key if column not in columns]
             raise ConfigError(key_at, f"column(s) {missing} are not in the table schema")
+        schema_at = f"{prefix}.schema" if route.schema else "table.schema"
+        required = [name for name, kind in columns.items() if name not in key and _not_null(kind)]
+        if required and mode == "upsert":
+            # A delete carries only the key (found by review: every delete was a dead letter).
+            raise ConfigError(
+                schema_at, f"{required} are not null, but a delete carries only the key: make them nullable"
+            )
+        retargeted = [target for target, _ in config.transforms if target.split(".")[0] in key]
+        if retargeted:
+            # A delete skips the transforms (it has only the key): a transformed key would never be deleted.
+            raise ConfigError("transforms", f"{retargeted} write key column(s) of {key_at}; a delete could not match")
         at = f"{prefix}.change_columns" if route.change_columns else "table.change_columns"
         for name in change_columns:
             if name not in CHANGE_COLUMN_NAMES:

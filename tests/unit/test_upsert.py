@@ -102,6 +102,16 @@ def test_a_struct_that_gains_a_member_keeps_its_values_in_the_rows_the_merge_cop
     assert table.transaction_version("cdc-0") == 3 and table.history(1)[0]["operation"] == "MERGE"
 
 
+def test_a_row_that_moves_to_another_partition_is_updated_not_inserted_twice(tmp_path: Path) -> None:
+    """Found by review: the MERGE bounded a non-key partition column by the batch's values, so key 1's row in its
+    old partition (``new``) went unmatched and the change to ``done`` was inserted beside it."""
+    schema = json.dumps({"id": "long", "status": "string"})
+    cfg = config(tmp_path, K2D_TABLE__SCHEMA=schema, K2D_TABLE__PARTITION_BY="status")
+    ingest_until_caught_up(cfg, TopicsSource([plain(P0, 0, [(1, {"id": 1, "status": "new"})])], {P0: 1}))
+    ingest_until_caught_up(cfg, TopicsSource([plain(P0, 1, [(1, {"id": 1, "status": "done"})])], {P0: 2}))
+    assert rows(tmp_path) == [{"id": 1, "status": "done"}]
+
+
 def test_a_replay_of_committed_offsets_changes_nothing(tmp_path: Path) -> None:
     cfg = config(tmp_path, K2D_TABLE__SCHEMA=SCHEMA)
     changes = [(1, {"id": 1, "name": "a"}), (1, None), (2, {"id": 2, "name": "b"})]
@@ -323,6 +333,9 @@ def test_a_truncate_is_a_dead_letter_that_says_why(tmp_path: Path) -> None:
         ({"K2D_FORMAT__KEY": "none"}, "format.key", "tombstone"),
         ({"K2D_TABLE__SCHEMA": SCHEMA, "K2D_TABLE__KEY": "nope"}, "table.key", "not in the table schema"),
         ({"K2D_TABLE__CHANGE_COLUMNS": "lsn"}, "table.change_columns", "debezium"),
+        # Found by review: a delete carries only the key, and skips the transforms.
+        ({"K2D_TABLE__SCHEMA": json.dumps({"id": "long", "name": "string not null"})}, "table.schema", "nullable"),
+        ({"K2D_TRANSFORMS": json.dumps({"id": "upper(id)"})}, "transforms", "a delete could not match"),
         ({"K2D_TABLE__MODE": "append"}, "table.key", "upsert"),
         (
             {"K2D_TABLE__MODE": "append", "K2D_TABLE__KEY": "", "K2D_FORMAT__ENVELOPE": "debezium"},
