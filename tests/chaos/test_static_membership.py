@@ -85,6 +85,11 @@ def run(mode: str, kills: int, rng: random.Random, setup_factory, daemon_factory
     first = committed(setup)
     started = time.monotonic()
     for _ in range(kills):
+        # Kill a daemon that holds partitions: a victim still waiting for its first assignment (its restart or its
+        # join set off a rebalance) leaves nothing standing, and the short form's one kill then shows no wait.
+        wait_for(lambda: all("assigned " in daemon.log() for daemon in daemons), 120, "both daemons assigned")
+        settled = committed(setup)
+        wait_for(lambda settled=settled: progressed(setup, settled), 120, "every partition committing")
         time.sleep(rng.uniform(1.0, 3.0))
         victim = rng.randrange(2)
         if daemons[victim].process.poll() is not None:
