@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 
 from kafka2delta import faults
 from kafka2delta.assignment import PartitionState
-from kafka2delta.changes import UNAVAILABLE_VALUE, last_changes
+from kafka2delta.changes import UNAVAILABLE_VALUE, ChangeOptions, last_changes
 from kafka2delta.edges import DeadLetterProducer, DeadLetterStore, TableWriter
 from kafka2delta.errors import CommitConflict, RetryableError, RowsRejected, SchemaChanged
 from kafka2delta.metrics import Metrics
@@ -134,7 +134,7 @@ class Committer:
         started = self._clock()
         if changes is not None:
             unavailable = UNAVAILABLE_VALUE if changes.envelope == "debezium" else None
-            source = self._last_changes(taken, schema, changes.key, unavailable)
+            source = self._last_changes(taken, schema, changes, unavailable)
             metadata.update(mode="upsert", changes=source.num_rows)
             faults.point("before_merge")
             version = self._writer.merge(source, changes, expected, versions, metadata, evolve=evolving)
@@ -181,10 +181,14 @@ class Committer:
 
     @staticmethod
     def _last_changes(
-        taken: Mapping[TopicPartition, PartitionBuffer], schema: pa.Schema, key: Sequence[str], unavailable: str | None
+        taken: Mapping[TopicPartition, PartitionBuffer],
+        schema: pa.Schema,
+        changes: ChangeOptions,
+        unavailable: str | None,
     ) -> pa.Table:
         """The MERGE source: the buffered changes of every partition, collapsed to the last change per key
         (by partition, then offset). A delete whose key the table cannot hold (null) matches nothing: left out."""
+        key = changes.key
         ordered = [taken[tp] for tp in sorted(taken)]
         rows = pa.concat_tables([b.to_table(schema) for b in ordered]) if ordered else schema.empty_table()
         deletes = pa.concat_arrays([b.deletes() for b in ordered]) if ordered else pa.array([], pa.bool_())
@@ -193,7 +197,14 @@ class Committer:
         keyed = pc.is_valid(rows.column(key[0]))
         for column in key[1:]:
             keyed = pc.and_(keyed, pc.is_valid(rows.column(column)))
-        return last_changes(rows.filter(keyed), deletes.filter(keyed), key, unavailable)
+        return last_changes(
+            rows.filter(keyed),
+            deletes.filter(keyed),
+            key,
+            unavailable,
+            soft=changes.delete_mode == "soft",
+            kept=[*key, *changes.extra_columns()],
+        )
 
     def mark_starts(self, starts: Mapping[TopicPartition, int]) -> int:
         """An empty commit giving partitions that have no txn in this table their first one (``starts``: the

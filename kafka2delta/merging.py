@@ -19,7 +19,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, WriterProperties
 
-from kafka2delta.changes import DELETE_FLAG, DELETED_COLUMN, UNAVAILABLE_VALUE, ChangeOptions
+from kafka2delta.changes import DELETE_FLAG, DELETED_COLUMN, ChangeOptions
+from kafka2delta.changes.collapse import UNAVAILABLE_FLAG
 
 _SOURCE, _TARGET = "s", "t"
 _PRUNED_PARTITION_VALUES = 100  # more distinct values than this: no IN list (the predicate stays short)
@@ -37,22 +38,19 @@ def merge_changes(
     """Apply ``source`` (the last change per key, :data:`DELETE_FLAG` set on deletes) in one commit; returns
     delta-rs's merge metrics (rows and files touched). The table already has every column of ``source`` (never
     ``merge_schema``: delta-rs then nulls a struct that gains a member in the rows it copies)."""
-    columns = [name for name in source.column_names if name != DELETE_FLAG]
+    columns = [name for name in source.column_names if name != DELETE_FLAG and not name.startswith(UNAVAILABLE_FLAG)]
     upsert = f"NOT {_SOURCE}.{quote(DELETE_FLAG)}"
     delete = f"{_SOURCE}.{quote(DELETE_FLAG)}"
     values = {quote(name): f"{_SOURCE}.{quote(name)}" for name in columns}
     updates = dict(values)
-    if options.envelope == "debezium":
-        # Debezium sends an unchanged TOASTed value (PostgreSQL without REPLICA IDENTITY FULL) as a placeholder:
-        # an update keeps the value the row has.
-        for name in columns:
-            string = pa.types.is_string(source.schema.field(name).type)
-            if string and name not in options.key:
-                column = quote(name)
-                updates[column] = (
-                    f"CASE WHEN {_SOURCE}.{column} = {literal(UNAVAILABLE_VALUE)} THEN {_TARGET}.{column} "
-                    f"ELSE {_SOURCE}.{column} END"
-                )
+    for name in columns:
+        flag = UNAVAILABLE_FLAG + name
+        if flag in source.column_names:
+            # Debezium sends an unchanged TOASTed value (PostgreSQL without REPLICA IDENTITY FULL) as a placeholder
+            # that no earlier change of the flush filled (``last_changes``): an update keeps the value the row
+            # has; an insert has none (null).
+            column = quote(name)
+            updates[column] = f"CASE WHEN {_SOURCE}.{quote(flag)} THEN {_TARGET}.{column} ELSE {_SOURCE}.{column} END"
     merger = table.merge(
         source,
         merge_predicate(source, options.key, partition_by),

@@ -1,8 +1,10 @@
-"""A flush's changes to one table → the MERGE source: the last change of each key (pure Arrow)."""
+"""A flush's changes to one table → the MERGE source: the last change of each key (pure Arrow, one pass in Python
+per column that needs it)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -10,46 +12,150 @@ import pyarrow.compute as pc
 from kafka2delta.changes.options import DELETE_FLAG
 
 _INDEX = "__k2d_index"
+UNAVAILABLE_FLAG = "__k2d_unavailable__"
+"""Prefix of the MERGE source's column telling, per row, that a column's value did not change and no earlier
+change of the flush gave it: the MERGE keeps the row's value (a row it inserts gets null)."""
 
 
-def last_changes(rows: pa.Table, deletes: pa.Array, key: Sequence[str], unavailable: str | None = None) -> pa.Table:
+def last_changes(
+    rows: pa.Table,
+    deletes: pa.Array,
+    key: Sequence[str],
+    unavailable: str | None = None,
+    *,
+    soft: bool = False,
+    kept: Sequence[str] = (),
+) -> pa.Table:
     """The last row of each key, with :data:`DELETE_FLAG` telling deletes from upserts.
 
-    ``rows`` are in the order their changes happened (a flush's partitions one after the other, each in
-    offset order: "last" is by partition, then offset); ``deletes`` is aligned with them. ``unavailable``: a
-    placeholder for "this value did not change" (Debezium's unchanged TOASTed value): the last change takes
-    the value an earlier change of its key in ``rows`` gave, if any (else the MERGE keeps the row's).
+    ``rows`` are in the order their changes happened (a flush's partitions one after the other, each in offset
+    order: "last" is by partition, then offset); ``deletes`` is aligned with them.
+
+    ``unavailable``: Debezium's placeholder for "this value did not change" (an unchanged TOASTed value: a string,
+    bytes, or a text array of that one string). The last change takes the value the key's latest earlier change
+    in ``rows`` gave; with none, :data:`UNAVAILABLE_FLAG` marks it and the value is null. A hard delete ends what
+    a key's earlier changes gave (its row is gone); a soft one (``soft``) keeps it, as the marked row does.
+
+    ``soft``: a key whose last change is a delete after an upsert in ``rows`` becomes that upsert, marked deleted
+    (its ``kept`` columns, the key, ``_deleted`` and the change columns, from the delete): as if the upsert had
+    been merged and then the delete, in two flushes (found by review: the upsert was lost).
     """
     if not rows.num_rows or not key:
         return rows.slice(0, 0).append_column(DELETE_FLAG, pa.array([], pa.bool_()))
+    rows = _without_negative_zero(rows, key)
     indexed = rows.select(list(key)).append_column(_INDEX, pa.array(range(rows.num_rows), pa.int64()))
     last = indexed.group_by(list(key), use_threads=False).aggregate([(_INDEX, "max")])
-    chosen = last.column(f"{_INDEX}_max").combine_chunks().sort()
-    changes = rows.take(chosen)
+    chosen = last.column(f"{_INDEX}_max").combine_chunks().sort().to_pylist()
+    flags = deletes.to_pylist()
+    keys: list[Hashable] | None = None
+    chosen_flags = [flags[index] for index in chosen]
+    if soft and any(chosen_flags):
+        keys = _keys(rows, key)
+        changes, upserts = _deletes_after_upserts(rows, chosen, flags, keys, kept)
+        chosen_flags = [deleted and upsert is None for deleted, upsert in zip(chosen_flags, upserts, strict=True)]
+    else:
+        changes = rows.take(pa.array(chosen, pa.int64()))
     if unavailable is not None:
-        changes = _fill_unavailable(rows, changes, chosen.to_pylist(), key, unavailable)
-    return changes.append_column(DELETE_FLAG, deletes.take(chosen))
+        changes = _fill_unavailable(rows, changes, chosen, flags, key, unavailable, soft, keys)
+    return changes.append_column(DELETE_FLAG, pa.array(chosen_flags, pa.bool_()))
+
+
+def _without_negative_zero(rows: pa.Table, key: Sequence[str]) -> pa.Table:
+    """-0.0 and 0.0 are one key to the MERGE (Arrow's group_by keeps them apart; delta-rs then finds two source
+    rows for one target row: found by review)."""
+    for column in key:
+        index = rows.schema.get_field_index(column)
+        values = rows.column(index)
+        if pa.types.is_floating(values.type):
+            rows = rows.set_column(index, rows.schema.field(index), pc.add(values, pa.scalar(0.0, values.type)))
+    return rows
+
+
+def _keys(rows: pa.Table, key: Sequence[str]) -> list[Hashable]:
+    columns = [rows.column(c).to_pylist() for c in key]
+    return list(zip(*columns, strict=True)) if len(columns) > 1 else columns[0]
+
+
+def _deletes_after_upserts(
+    rows: pa.Table, chosen: list[int], flags: list[bool], keys: list[Hashable], kept: Sequence[str]
+) -> tuple[pa.Table, list[int | None]]:
+    """Soft deletes: a key's last change, a delete, on the values of its last upsert in ``rows``; with the index
+    of that upsert per chosen change (None: not such a delete, or no upsert before it)."""
+    last_upsert: dict[Hashable, int] = {}
+    for index, deleted in enumerate(flags):
+        if not deleted:
+            last_upsert[keys[index]] = index
+    upserts = [last_upsert.get(keys[index]) if flags[index] else None for index in chosen]
+    values = [index if upsert is None else upsert for index, upsert in zip(chosen, upserts, strict=True)]
+    changes = rows.take(pa.array(values, pa.int64()))
+    if values == chosen:
+        return changes, upserts
+    from_delete = rows.take(pa.array(chosen, pa.int64()))
+    for name in kept:
+        if name in changes.column_names:
+            position = changes.schema.get_field_index(name)
+            changes = changes.set_column(position, changes.schema.field(position), from_delete.column(name))
+    return changes, upserts
 
 
 def _fill_unavailable(
-    rows: pa.Table, changes: pa.Table, chosen: list[int], key: Sequence[str], unavailable: str
+    rows: pa.Table,
+    changes: pa.Table,
+    chosen: list[int],
+    flags: list[bool],
+    key: Sequence[str],
+    unavailable: str,
+    soft: bool,
+    keys: list[Hashable] | None,
 ) -> pa.Table:
     for index, column in enumerate(changes.schema):
-        if not pa.types.is_string(column.type) or column.name in key:
-            continue
-        marked = pc.equal(changes.column(index), unavailable)
-        if not pc.any(marked).as_py():
+        placeholder = _placeholder(column.type, unavailable)
+        if placeholder is None or column.name in key:
             continue
         values = changes.column(index).to_pylist()
-        history = rows.column(column.name).to_pylist()
-        keys = list(zip(*(rows.column(c).to_pylist() for c in key), strict=True))
-        for position, is_marked in enumerate(marked.to_pylist()):
-            if not is_marked:
-                continue
-            last = chosen[position]
-            earlier = (i for i in range(last - 1, -1, -1) if keys[i] == keys[last] and history[i] != unavailable)
-            found = next(earlier, None)
-            if found is not None:
-                values[position] = history[found]
+        marked = [value == placeholder for value in values]
+        if not any(marked):
+            continue
+        keys = keys if keys is not None else _keys(rows, key)
+        given = _values_given(rows.column(column.name).to_pylist(), flags, keys, placeholder, soft)
+        unset = []
+        for position, is_marked in enumerate(marked):
+            if is_marked:
+                found = given.get(keys[chosen[position]], _NONE)
+                values[position] = None if found is _NONE else found
+                unset.append(found is _NONE)
+            else:
+                unset.append(False)
         changes = changes.set_column(index, column, pa.array(values, column.type))
+        if any(unset):
+            changes = changes.append_column(UNAVAILABLE_FLAG + column.name, pa.array(unset, pa.bool_()))
     return changes
+
+
+_NONE: Any = object()
+
+
+def _values_given(
+    history: list[Any], flags: list[bool], keys: list[Hashable], placeholder: Any, soft: bool
+) -> dict[Hashable, Any]:
+    """Each key's latest value that is not the placeholder, from its upserts. After a hard delete it is null: the
+    row is gone, and a later change inserts it anew (as it would in a later flush)."""
+    given: dict[Hashable, Any] = {}
+    for value, deleted, row_key in zip(history, flags, keys, strict=True):
+        if deleted:
+            if not soft:
+                given[row_key] = None
+        elif value != placeholder:
+            given[row_key] = value
+    return given
+
+
+def _placeholder(data_type: pa.DataType, unavailable: str) -> Any:
+    """How Debezium writes an unchanged TOASTed value in a column of ``data_type`` (None: it never does)."""
+    if pa.types.is_string(data_type) or pa.types.is_large_string(data_type):
+        return unavailable
+    if pa.types.is_binary(data_type) or pa.types.is_large_binary(data_type):
+        return unavailable.encode()
+    if pa.types.is_list(data_type) and pa.types.is_string(data_type.value_type):
+        return [unavailable]
+    return None

@@ -4,6 +4,7 @@ change, Debezium's logical types, tables created from the Connect schema and evo
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import json
 from decimal import Decimal
@@ -14,6 +15,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
+from kafka2delta.changes import last_changes
 from kafka2delta.config import Config
 from kafka2delta.coordinator import Coordinator, FileBackend
 from kafka2delta.errors import ConfigError
@@ -367,6 +369,74 @@ def test_an_unchanged_toasted_value_keeps_the_rows_value(tmp_path: Path) -> None
     unchanged = {"id": 1, "doc": "__debezium_unavailable_value", "note": "b"}
     ingest_until_caught_up(cfg, TopicsSource([change_batch(P0, 1, [table.event("u", unchanged)])], {P0: 2}))
     assert rows(tmp_path) == [{"id": 1, "doc": "x" * 3000, "note": "b"}]
+
+
+PLACEHOLDER = "__debezium_unavailable_value"
+
+
+def test_unchanged_toasted_bytes_and_arrays_keep_the_rows_values_and_a_new_row_gets_null(tmp_path: Path) -> None:
+    """Found by review: only strings were kept (a bytea or text[] column got the placeholder written over its
+    value), and an update of a key the table lacked inserted the placeholder text itself."""
+    cfg = config(tmp_path, K2D_FORMAT__ENVELOPE="debezium", K2D_TABLE__SCHEMA_EVOLUTION="merge")
+    tags = field("tags", "array") | {"items": {"type": "string", "optional": True}}
+    table = SourceTable(
+        "t", [field("id", "int64", optional=False), field("doc", "string"), field("blob", "bytes"), tags], ["id"]
+    )
+    first = {"id": 1, "doc": "D", "blob": base64.b64encode(b"REAL").decode(), "tags": ["a", "b"]}
+    ingest_until_caught_up(cfg, TopicsSource([change_batch(P0, 0, [table.event("c", first)])], {P0: 1}))
+    unchanged = {
+        "id": 1,
+        "doc": PLACEHOLDER,
+        "blob": base64.b64encode(PLACEHOLDER.encode()).decode(),
+        "tags": [PLACEHOLDER],
+    }
+    unknown = {"id": 2, "doc": PLACEHOLDER, "blob": None, "tags": None}
+    second = [table.event("u", unchanged, lsn=1), table.event("u", unknown, lsn=2)]
+    ingest_until_caught_up(cfg, TopicsSource([change_batch(P0, 1, second)], {P0: 3}))
+    assert rows(tmp_path) == [
+        {"id": 1, "doc": "D", "blob": b"REAL", "tags": ["a", "b"]},
+        {"id": 2, "doc": None, "blob": None, "tags": None},
+    ]
+
+
+@pytest.mark.parametrize("flushes", [1, 2])
+def test_a_soft_delete_and_a_toasted_update_end_alike_in_one_flush_or_two(tmp_path: Path, flushes: int) -> None:
+    """Found by review: in one flush, a soft delete after its key's insert left no row (two flushes: the row,
+    marked), and a toasted update after a soft delete took the delete's null as the value (two flushes: kept)."""
+    cfg = config(
+        tmp_path,
+        K2D_FORMAT__ENVELOPE="debezium",
+        K2D_TABLE__DELETE_MODE="soft",
+        K2D_TABLE__CHANGE_COLUMNS="op",
+        K2D_TABLE__SCHEMA_EVOLUTION="merge",
+    )
+    source = SourceTable("t", [field("id", "int64", optional=False), field("doc", "string")], ["id"])
+    changes = [
+        source.event("c", {"id": 5, "doc": "x"}, lsn=1),
+        source.event("d", {"id": 5, "doc": "x"}, lsn=2),
+        source.event("c", {"id": 6, "doc": "D"}, lsn=3),
+        source.event("d", {"id": 6, "doc": "D"}, lsn=4),
+        source.event("u", {"id": 6, "doc": PLACEHOLDER}, lsn=5),
+    ]
+    if flushes == 1:
+        batches = [change_batch(P0, 0, changes)]
+    else:
+        batches = [change_batch(P0, offset, [change]) for offset, change in enumerate(changes)]
+    for batch in batches:
+        last = batch.partitions[P0].offsets[-1]
+        ingest_until_caught_up(cfg, TopicsSource([batch], {P0: last + 1}))
+    assert rows(tmp_path) == [
+        {"id": 5, "doc": "x", "_op": "d", "_deleted": True},
+        {"id": 6, "doc": "D", "_op": "u", "_deleted": False},
+    ]
+
+
+def test_minus_zero_and_zero_are_one_float_key() -> None:
+    """Found by review: Arrow's group_by kept them apart, and delta-rs's MERGE then failed on every retry (two
+    source rows for one target row)."""
+    rows = pa.table({"k": pa.array([0.0, -0.0, 1.5]), "v": ["a", "b", "c"]})
+    collapsed = last_changes(rows, pa.array([False, False, False]), ["k"])
+    assert collapsed.select(["k", "v"]).to_pylist() == [{"k": 0.0, "v": "b"}, {"k": 1.5, "v": "c"}]
 
 
 def test_upsert_commits_take_the_coordinators_ingest_turn(tmp_path: Path) -> None:
