@@ -28,6 +28,7 @@ from deltalake.transaction import AddAction, RemoveAction
 
 from kafka2delta.bisection import isolate_failures
 from kafka2delta.changes import DELETE_FLAG, ChangeOptions
+from kafka2delta.changes.collapse import UNAVAILABLE_FLAG
 from kafka2delta.dictionaries import dictionary_columns
 from kafka2delta.encoded_rows import DATA_ERRORS, EncodedFile
 from kafka2delta.errors import (
@@ -42,6 +43,7 @@ from kafka2delta.file_stats import file_stats
 from kafka2delta.merging import merge_changes
 from kafka2delta.offsets import CommitOutcome, classify_commit
 from kafka2delta.records import OffsetRange, TopicPartition
+from kafka2delta.schema import evolve as evolution_of
 from kafka2delta.txn_versions import TxnVersions
 
 TxnId = Callable[[TopicPartition], str]
@@ -482,11 +484,11 @@ class DeltaWriter:
         own: delta-rs's MERGE with ``merge_schema`` nulls the whole struct in the rows it copies when a struct
         gains a member (found by review). That commit holds no txn and no file, so a replay after a crash
         between the two finds the columns there and merges as usual)."""
-        if evolve:
-            self._add_columns_of(changes)
         stats: dict[str, Any] = {}
 
         def run(properties: CommitProperties) -> None:
+            if evolve:  # after the txn and schema checks (another writer's change is then SchemaChanged)
+                self._add_columns_of(changes)
             before = self._table.version()
             stats.update(
                 merge_changes(
@@ -514,19 +516,23 @@ class DeltaWriter:
         """Add the columns and struct members ``changes`` has that the table lacks (nullable; a column the table
         has keeps its nullability), in one commit without files."""
         nullable = {f.name: f.nullable for f in self.schema}
-        columns = [f.with_nullable(nullable.get(f.name, True)) for f in changes.schema if f.name != DELETE_FLAG]
-        try:
-            write_deltalake(
-                self._table,
-                pa.schema(columns).empty_table(),
-                mode="append",
-                schema_mode="merge",
-                partition_by=self.partition_by or None,
-                commit_properties=CommitProperties(custom_metadata={"kafka2delta": {"operation": "add columns"}}),
-            )
-            self._table.update_incremental()
-        except (DeltaError, OSError) as exc:
-            raise RetryableError(f"adding the columns of the changes to {self._uri}: {exc}") from exc
+        columns = [  # not the MERGE source's own columns (found by review: a TOAST flag became a table column)
+            f.with_nullable(nullable.get(f.name, True))
+            for f in changes.schema
+            if f.name != DELETE_FLAG and not f.name.startswith(UNAVAILABLE_FLAG)
+        ]
+        if not evolution_of(self.schema, pa.schema(columns), inferred=False).added:
+            return  # an earlier attempt of this flush added them
+        # A failure here fails the MERGE's transaction (its txns unmoved): retried, or SchemaChanged on the retry's
+        # check when another writer's change made it fail.
+        write_deltalake(
+            self._table,
+            pa.schema(columns).empty_table(),
+            mode="append",
+            schema_mode="merge",
+            partition_by=self.partition_by or None,
+            commit_properties=CommitProperties(custom_metadata={"kafka2delta": {"operation": "add columns"}}),
+        )  # the handle is now at this commit: no other writer's change slips into self.schema
         self.schema = _table_schema(self._table)
 
     def _transaction(

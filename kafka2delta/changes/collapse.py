@@ -72,8 +72,12 @@ def _without_negative_zero(rows: pa.Table, key: Sequence[str]) -> pa.Table:
 
 
 def _keys(rows: pa.Table, key: Sequence[str]) -> list[Hashable]:
-    columns = [rows.column(c).to_pylist() for c in key]
+    """Each row's key as a dict key (NaN, which is never equal to itself, as one key: as Arrow's group_by)."""
+    columns = [[_NAN if value != value else value for value in rows.column(c).to_pylist()] for c in key]
     return list(zip(*columns, strict=True)) if len(columns) > 1 else columns[0]
+
+
+_NAN: Any = object()
 
 
 def _deletes_after_upserts(

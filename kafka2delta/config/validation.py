@@ -223,7 +223,7 @@ def _validate_changes(config: Config) -> None:
                 schema_at, f"{required} are not null, but a delete carries only the key: make them nullable"
             )
         retargeted = [target for target, _ in config.transforms if target.split(".")[0] in key]
-        if retargeted:
+        if retargeted and mode == "upsert":  # a changelog's deletes are rows, transformed like the others
             # A delete skips the transforms (it has only the key): a transformed key would never be deleted.
             raise ConfigError("transforms", f"{retargeted} write key column(s) of {key_at}; a delete could not match")
         at = f"{prefix}.change_columns" if route.change_columns else "table.change_columns"

@@ -163,3 +163,9 @@ def test_the_daemon_refuses_a_table_only_spark_writes(tmp_path: Path) -> None:
         cfg = config(tmp_path, K2D_TABLE__SCHEMA_EVOLUTION="merge")
         ingest_until_caught_up(cfg, TopicsSource([change_batch(P0, 0, events())], {P0: 6}))
     assert raised.value.key == "table.uri" and "apply-changes" in raised.value.problem
+
+
+def test_a_changelog_may_transform_its_key_columns(tmp_path: Path) -> None:
+    """Its deletes are rows and go through the transforms like the others (only an upsert table refuses it)."""
+    cfg = change_config(tmp_path, "changelog", K2D_TRANSFORMS=json.dumps({"id": "id"}))
+    assert cfg.transforms == (("id", "id"),)

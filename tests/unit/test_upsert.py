@@ -399,6 +399,20 @@ def test_unchanged_toasted_bytes_and_arrays_keep_the_rows_values_and_a_new_row_g
     ]
 
 
+def test_a_column_added_beside_a_toasted_value_adds_only_the_column(tmp_path: Path) -> None:
+    """Found by review: the MERGE source's flag for a TOASTed value no change had filled became a table column
+    when the same flush added a column; the next such flush then crashed delta-rs (a duplicate column)."""
+    cfg = config(tmp_path, K2D_FORMAT__ENVELOPE="debezium", K2D_TABLE__SCHEMA_EVOLUTION="merge")
+    columns = [field("id", "int64", optional=False), field("doc", "string")]
+    old, new = SourceTable("t", columns, ["id"]), SourceTable("t", [*columns, field("extra", "string")], ["id"])
+    ingest_until_caught_up(cfg, TopicsSource([change_batch(P0, 0, [old.event("c", {"id": 1, "doc": "D"})])], {P0: 1}))
+    for offset, extra in ((1, "x"), (2, "y")):
+        toasted = new.event("u", {"id": 1, "doc": PLACEHOLDER, "extra": extra}, lsn=offset)
+        ingest_until_caught_up(cfg, TopicsSource([change_batch(P0, offset, [toasted])], {P0: offset + 1}))
+    assert DeltaTable(str(tmp_path / "table")).schema().to_arrow().names == ["id", "doc", "extra"]
+    assert rows(tmp_path) == [{"id": 1, "doc": "D", "extra": "y"}]
+
+
 @pytest.mark.parametrize("flushes", [1, 2])
 def test_a_soft_delete_and_a_toasted_update_end_alike_in_one_flush_or_two(tmp_path: Path, flushes: int) -> None:
     """Found by review: in one flush, a soft delete after its key's insert left no row (two flushes: the row,
