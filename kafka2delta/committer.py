@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 
 from kafka2delta import faults
 from kafka2delta.assignment import PartitionState
-from kafka2delta.changes import UNAVAILABLE_VALUE, ChangeOptions, last_changes
+from kafka2delta.changes import ChangeOptions, last_changes, last_changes_of
 from kafka2delta.edges import DeadLetterProducer, DeadLetterStore, TableWriter
 from kafka2delta.errors import CommitConflict, RetryableError, RowsRejected, SchemaChanged
 from kafka2delta.metrics import Metrics
@@ -133,8 +133,7 @@ class Committer:
         versions = {p: max(r.last, _or_minus_one(expected[p])) for p, r in ranges.items()}
         started = self._clock()
         if changes is not None:
-            unavailable = UNAVAILABLE_VALUE if changes.envelope == "debezium" else None
-            source = self._last_changes(taken, schema, changes, unavailable)
+            source = self._last_changes(taken, schema, changes)
             metadata.update(mode="upsert", changes=source.num_rows)
             faults.point("before_merge")
             version = self._writer.merge(source, changes, expected, versions, metadata, evolve=evolving)
@@ -184,7 +183,6 @@ class Committer:
         taken: Mapping[TopicPartition, PartitionBuffer],
         schema: pa.Schema,
         changes: ChangeOptions,
-        unavailable: str | None,
     ) -> pa.Table:
         """The MERGE source: the buffered changes of every partition, collapsed to the last change per key
         (by partition, then offset). A delete whose key the table cannot hold (null) matches nothing: left out."""
@@ -197,14 +195,7 @@ class Committer:
         keyed = pc.is_valid(rows.column(key[0]))
         for column in key[1:]:
             keyed = pc.and_(keyed, pc.is_valid(rows.column(column)))
-        return last_changes(
-            rows.filter(keyed),
-            deletes.filter(keyed),
-            key,
-            unavailable,
-            soft=changes.delete_mode == "soft",
-            kept=[*key, *changes.extra_columns()],
-        )
+        return last_changes_of(rows.filter(keyed), deletes.filter(keyed), changes)
 
     def mark_starts(self, starts: Mapping[TopicPartition, int]) -> int:
         """An empty commit giving partitions that have no txn in this table their first one (``starts``: the

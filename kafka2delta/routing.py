@@ -22,6 +22,7 @@ from kafka2delta.changes import CHANGELOG_METADATA, ChangeOptions
 from kafka2delta.config import METADATA_COLUMNS, TOPIC_PLACEHOLDER, Config, RouteConfig
 from kafka2delta.errors import ConfigError
 from kafka2delta.offsets import TxnIds
+from kafka2delta.schema import is_required
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -147,7 +148,7 @@ class Routes:
                 for name, type_name in changes.table_columns().items():
                     columns.setdefault(name, type_name)
                 for name in changes.key:  # a key column is never null
-                    if not columns[name].strip().lower().endswith(" not null"):
+                    if not is_required(columns[name]):
                         columns[name] = f"{columns[name]} not null"
         return TableSpec(
             name=config.name or uri,

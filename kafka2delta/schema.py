@@ -88,16 +88,21 @@ def parse_type(text: str) -> pa.DataType:
     raise ValueError(f"unknown type {text!r}")
 
 
+_NOT_NULL = " not null"
+
+
+def is_required(spec: str) -> bool:
+    """Whether a column's ``"type [not null]"`` says ``not null``."""
+    return spec.strip().lower().endswith(_NOT_NULL)
+
+
 def parse_schema(columns: Mapping[str, str]) -> pa.Schema:
     """Turn ``{column: "type [not null]"}`` into an Arrow schema, keeping the order given."""
     fields = []
     for name, spec in columns.items():
-        nullable = True
-        stripped = spec.strip()
-        if stripped.lower().endswith(" not null"):
-            nullable = False
-            stripped = stripped[: -len(" not null")]
-        fields.append(pa.field(name, parse_type(stripped), nullable=nullable))
+        required = is_required(spec)
+        stripped = spec.strip()[: -len(_NOT_NULL)] if required else spec.strip()
+        fields.append(pa.field(name, parse_type(stripped), nullable=not required))
     return pa.schema(fields)
 
 

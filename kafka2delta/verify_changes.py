@@ -26,7 +26,7 @@ from confluent_kafka import TopicPartition as KafkaTopicPartition
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
-from kafka2delta.changes import DELETE_FLAG, DELETED_COLUMN, UNAVAILABLE_VALUE, last_changes
+from kafka2delta.changes import DELETE_FLAG, DELETED_COLUMN, last_changes_of
 from kafka2delta.changes.collapse import UNAVAILABLE_FLAG
 from kafka2delta.config import Config
 from kafka2delta.errors import ConfigError, RetryableError
@@ -170,14 +170,7 @@ def check_changes(
     # As the daemon collapses a flush (a whole history is one flush here): unchanged TOASTed values filled from
     # the key's earlier changes (found by review: they were compared as the placeholder).
     changes = (
-        last_changes(
-            pa.concat_tables(pieces, promote_options="permissive"),
-            pa.concat_arrays(deletes),
-            key,
-            UNAVAILABLE_VALUE if spec.changes.envelope == "debezium" else None,
-            soft=soft,
-            kept=[*key, *spec.changes.extra_columns()],
-        )
+        last_changes_of(pa.concat_tables(pieces, promote_options="permissive"), pa.concat_arrays(deletes), spec.changes)
         if pieces
         else None
     )

@@ -6,7 +6,7 @@ deserialize stage of an upsert table) and ``collapse`` (a flush's changes → th
 MERGE source). The MERGE itself is the Delta edge's (:meth:`kafka2delta.writer.DeltaWriter.merge`).
 """
 
-from kafka2delta.changes.collapse import last_changes
+from kafka2delta.changes.collapse import last_changes, last_changes_of
 from kafka2delta.changes.decoder import ChangeDeserializer
 from kafka2delta.changes.envelope import Change, debezium_change, plain_change
 from kafka2delta.changes.options import (
@@ -33,5 +33,6 @@ __all__ = [
     "ChangeOptions",
     "debezium_change",
     "last_changes",
+    "last_changes_of",
     "plain_change",
 ]

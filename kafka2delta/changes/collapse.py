@@ -9,7 +9,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from kafka2delta.changes.options import DELETE_FLAG
+from kafka2delta.changes.options import DELETE_FLAG, UNAVAILABLE_VALUE, ChangeOptions
 
 _INDEX = "__k2d_index"
 UNAVAILABLE_FLAG = "__k2d_unavailable__"
@@ -58,6 +58,19 @@ def last_changes(
     if unavailable is not None:
         changes = _fill_unavailable(rows, changes, chosen, flags, key, unavailable, soft, keys)
     return changes.append_column(DELETE_FLAG, pa.array(chosen_flags, pa.bool_()))
+
+
+def last_changes_of(rows: pa.Table, deletes: pa.Array, options: ChangeOptions) -> pa.Table:
+    """:func:`last_changes` as ``options`` apply them: Debezium's TOAST placeholder, the delete mode, and the columns
+    a flipped soft delete takes from the delete (the key, ``_deleted`` and the change columns)."""
+    return last_changes(
+        rows,
+        deletes,
+        options.key,
+        UNAVAILABLE_VALUE if options.envelope == "debezium" else None,
+        soft=options.delete_mode == "soft",
+        kept=[*options.key, *options.extra_columns()],
+    )
 
 
 def _without_negative_zero(rows: pa.Table, key: Sequence[str]) -> pa.Table:

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 
 from kafka2delta.config.sections import METADATA_COLUMNS, TOPIC_PLACEHOLDER, Config, RouteConfig
 from kafka2delta.errors import ConfigError
-from kafka2delta.schema import parse_schema
+from kafka2delta.schema import is_required, parse_schema
 
 
 def validate(config: Config) -> None:
@@ -169,10 +169,6 @@ def _validate_glue(config: Config) -> None:
         raise ConfigError("format.gzip", "Glue's wire format says itself whether a payload is compressed (zlib)")
 
 
-def _not_null(type_name: str) -> bool:
-    return type_name.strip().lower().endswith(" not null")
-
-
 CHANGE_COLUMN_NAMES = ("op", "source_ts", "lsn")
 _ENVELOPE_COLUMNS = ("source_ts", "lsn")
 
@@ -216,7 +212,7 @@ def _validate_changes(config: Config) -> None:
             missing = [column for column in key if column not in columns]
             raise ConfigError(key_at, f"column(s) {missing} are not in the table schema")
         schema_at = f"{prefix}.schema" if route.schema else "table.schema"
-        required = [name for name, kind in columns.items() if name not in key and _not_null(kind)]
+        required = [name for name, kind in columns.items() if name not in key and is_required(kind)]
         if required and mode == "upsert":
             # A delete carries only the key (found by review: every delete was a dead letter).
             raise ConfigError(

@@ -37,7 +37,7 @@ from kafka2delta.serialization.base import BaseDeserializer, Decoded, KeyDecoder
 from kafka2delta.serialization.framing import Framing
 from kafka2delta.serialization.protobuf_aws import aws_protos, decimal_field, is_aws_decimal
 from kafka2delta.serialization.protobuf_batch import wire_reader
-from kafka2delta.serialization.protobuf_indexes import MessageIndexes
+from kafka2delta.serialization.protobuf_indexes import MessageIndexes, is_repeated
 from kafka2delta.serialization.typed import (
     BrokenSchema,
     Convert,
@@ -83,15 +83,8 @@ def _proto_scalar_types() -> dict[int, pa.DataType]:
     }
 
 
-def _is_repeated(f: Any) -> bool:
-    repeated = getattr(f, "is_repeated", None)  # protobuf ≥ 6; older versions only have ``label``
-    if repeated is not None:
-        return bool(repeated)
-    return bool(f.label == f.LABEL_REPEATED)
-
-
 def _is_map(f: Any) -> bool:
-    return bool(f.message_type is not None and f.message_type.GetOptions().map_entry and _is_repeated(f))
+    return bool(f.message_type is not None and f.message_type.GetOptions().map_entry and is_repeated(f))
 
 
 def protobuf_to_arrow(descriptor: Any) -> pa.DataType:
@@ -173,7 +166,7 @@ class _ProtoShapes:
         else the dict lane's getter per message."""
         name = f.name
         get = operator.attrgetter(name)
-        if _is_repeated(f) or (f.type not in _CONVERTED and f.has_presence):
+        if is_repeated(f) or (f.type not in _CONVERTED and f.has_presence):
             return lambda parsed: pa.array([getter(m) for m in parsed], arrow)
         if f.type not in _CONVERTED:  # the getter of a plain field is getattr
             return lambda parsed: pa.array(list(map(get, parsed)), arrow)
@@ -229,7 +222,7 @@ class _ProtoShapes:
                 slow,
             )
         value_type, value_convert, slow = self._value(f, stack)
-        if _is_repeated(f):
+        if is_repeated(f):
             if value_convert is None:
                 return pa.list_(value_type), lambda m: list(getattr(m, name)), slow
             convert_item = value_convert
@@ -288,7 +281,7 @@ def _proto_generic_field(message: Any, f: Any) -> Any:
     if _is_map(f):
         value_field = f.message_type.fields_by_name["value"]
         return {k: _proto_generic_value(value_field, v) for k, v in value.items()}
-    if _is_repeated(f):
+    if is_repeated(f):
         return [_proto_generic_value(f, v) for v in value]
     if f.has_presence and not message.HasField(f.name):
         return None

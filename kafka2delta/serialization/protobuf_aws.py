@@ -27,6 +27,7 @@ from google.protobuf.descriptor import FieldDescriptor as F  # type: ignore[impo
 from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 
 from kafka2delta.serialization.base import decode_error
+from kafka2delta.serialization.protobuf_indexes import is_repeated
 
 DECIMAL = "additionalTypes.Decimal"
 _SCALE_KEY = "connect.decimal.scale"
@@ -84,12 +85,7 @@ def is_aws_decimal(descriptor: Any) -> bool:
     ordinary message)."""
     if descriptor.full_name != DECIMAL:
         return False
-    return {(f.number, f.name, f.type, _repeated(f), f.has_presence) for f in descriptor.fields} == _DECIMAL_SHAPE
-
-
-def _repeated(f: Any) -> bool:
-    repeated = getattr(f, "is_repeated", None)  # protobuf ≥ 6; older versions only have ``label``
-    return bool(repeated) if repeated is not None else bool(f.label == f.LABEL_REPEATED)
+    return {(f.number, f.name, f.type, is_repeated(f), f.has_presence) for f in descriptor.fields} == _DECIMAL_SHAPE
 
 
 _DECIMAL_SHAPE = {

@@ -47,6 +47,7 @@ from kafka2delta.serialization.avro_batch import (
     zigzag,
 )
 from kafka2delta.serialization.protobuf_aws import FRACTION_DIGITS, decimal_scale, decimal_type, is_aws_decimal
+from kafka2delta.serialization.protobuf_indexes import is_repeated
 
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 _UINT32_LIMIT = np.uint64(2**32)
@@ -189,8 +190,7 @@ def _enum_names(f: Any) -> dict[int, str]:
 
 def _value(f: Any, stack: tuple[str, ...]) -> tuple[pa.DataType, int, Read]:
     """(Arrow type, wire type, read) of one field."""
-    repeated = getattr(f, "is_repeated", None)  # protobuf ≥ 6; older versions only have ``label``
-    if repeated if repeated is not None else f.label == f.LABEL_REPEATED:
+    if is_repeated(f):
         raise _Unsupported(f"repeated field {f.name}")
     kind = f.type
     if kind == F.TYPE_MESSAGE:

@@ -24,6 +24,12 @@ from typing import Any, Protocol
 from kafka2delta.serialization.base import CONFLUENT_HEADER_BYTES, decode_error
 
 
+def is_repeated(field: Any) -> bool:
+    """Whether a protobuf field descriptor is repeated (shared by the Protobuf modules; this one imports none)."""
+    repeated = getattr(field, "is_repeated", None)  # protobuf ≥ 6; older versions only have ``label``
+    return bool(repeated) if repeated is not None else bool(field.label == field.LABEL_REPEATED)
+
+
 class MessageIndexes(Protocol):
     """One wire format's way of naming a message type."""
 
