@@ -232,11 +232,11 @@ def make(
     return ingestor, metrics
 
 
-def ingest_until_caught_up(
+def daemon_loop(
     config: Config, source: Source, opener: Callable[[TableSpec], OpenedTable] | None = None
-) -> Metrics:
-    """The loop of ``config`` (its real tables, opened by ``opener`` or as the daemon opens them) over ``source``
-    until caught up; no sleeping between retries."""
+) -> tuple[Ingestor, Metrics]:
+    """The loop of ``config`` as the daemon builds it (its real tables, opened by ``opener`` or as the daemon opens
+    them) over ``source``; no sleeping between retries."""
     routes = Routes(config)
     metrics = Metrics()
     ingestor = Ingestor(
@@ -250,5 +250,38 @@ def ingest_until_caught_up(
         dead_letter_opener=lambda uri: open_dead_letters(config, routes, uri),
         sleep=no_sleep,
     )
+    return ingestor, metrics
+
+
+def ingest_until_caught_up(
+    config: Config, source: Source, opener: Callable[[TableSpec], OpenedTable] | None = None
+) -> Metrics:
+    """:func:`daemon_loop` run until caught up."""
+    ingestor, metrics = daemon_loop(config, source, opener)
     ingestor.run(until_caught_up=True)
     return metrics
+
+
+def tables_config(tmp_path: Path, **env: str) -> Config:
+    """A multi-table daemon's config on local paths (dead letters in ``<tmp_path>/dlq``): ``id`` a required
+    string, topic, partition and offset recorded; ``env`` adds the topics and tables."""
+    return load_config(
+        None,
+        environ={
+            "K2D_KAFKA__BOOTSTRAP_SERVERS": "unused:1",
+            "K2D_TABLE__SCHEMA": '{"id": "string not null"}',
+            "K2D_TABLE__METADATA_COLUMNS": "topic,partition,offset",
+            "K2D_DEAD_LETTERS__TABLE_URI": str(tmp_path / "dlq"),
+            "K2D_INGEST__MAX_COMMIT_RETRIES": "3",
+            **env,
+        },
+    )
+
+
+def expression_config(tmp_path: Path) -> Config:
+    """Topic ``e`` split by ``[routing] expression = "kind"`` into the tables ``clicks`` and ``orders``."""
+    routes = [
+        {"name": "clicks", "uri": str(tmp_path / "clicks")},
+        {"name": "orders", "uri": str(tmp_path / "orders")},
+    ]
+    return tables_config(tmp_path, K2D_KAFKA__TOPIC="e", K2D_ROUTES=json.dumps(routes), K2D_ROUTING__EXPRESSION="kind")

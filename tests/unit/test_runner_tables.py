@@ -12,28 +12,14 @@ import pytest
 from deltalake import DeltaTable
 
 from kafka2delta.cli import open_table
-from kafka2delta.config import Config, load_config
+from kafka2delta.config import load_config
 from kafka2delta.errors import FatalError
 from kafka2delta.records import ConsumedBatch, TopicPartition
 from kafka2delta.routing import Routes, TableSpec
 from kafka2delta.tables import OpenedTable
-from tests.support.runner import TopicsSource, ingest_until_caught_up, messages_of
+from tests.support.runner import TopicsSource, expression_config, ingest_until_caught_up, messages_of, tables_config
 
 A0, A1, B0 = TopicPartition("a", 0), TopicPartition("a", 1), TopicPartition("b", 0)
-
-
-def config(tmp_path: Path, **env: str) -> Config:
-    return load_config(
-        None,
-        environ={
-            "K2D_KAFKA__BOOTSTRAP_SERVERS": "unused:1",
-            "K2D_TABLE__SCHEMA": '{"id": "string not null"}',
-            "K2D_TABLE__METADATA_COLUMNS": "topic,partition,offset",
-            "K2D_DEAD_LETTERS__TABLE_URI": str(tmp_path / "dlq"),
-            "K2D_INGEST__MAX_COMMIT_RETRIES": "3",
-            **env,
-        },
-    )
 
 
 def ids(uri: Path) -> list[str]:
@@ -53,7 +39,7 @@ def batches() -> list[ConsumedBatch]:
 
 
 def test_each_topic_goes_to_its_table_exactly_once(tmp_path: Path) -> None:
-    cfg = config(tmp_path, K2D_KAFKA__TOPICS="a,b", K2D_TABLE__URI=str(tmp_path / "{topic}"))
+    cfg = tables_config(tmp_path, K2D_KAFKA__TOPICS="a,b", K2D_TABLE__URI=str(tmp_path / "{topic}"))
     source = TopicsSource(batches(), {A0: 5, A1: 2, B0: 3})
     metrics = ingest_until_caught_up(cfg, source)
 
@@ -77,7 +63,7 @@ def test_each_topic_goes_to_its_table_exactly_once(tmp_path: Path) -> None:
 def test_one_tables_failure_leaves_the_others_committed_and_a_restart_exact(tmp_path: Path) -> None:
     """Table b's commit fails for good (the daemon stops) after table a committed: a crash between two tables'
     commits. The restart replays from each table's own txns: a is not written twice, b gets its rows."""
-    cfg = config(tmp_path, K2D_KAFKA__TOPICS="a,b", K2D_TABLE__URI=str(tmp_path / "{topic}"))
+    cfg = tables_config(tmp_path, K2D_KAFKA__TOPICS="a,b", K2D_TABLE__URI=str(tmp_path / "{topic}"))
 
     def failing_b(spec: TableSpec) -> OpenedTable:
         opened = open_table(cfg, spec)
@@ -165,11 +151,11 @@ def test_a_json_table_without_schema_needs_merge(tmp_path: Path) -> None:
 def test_a_one_topic_table_keeps_ingesting_when_more_topics_join_it(tmp_path: Path) -> None:
     """Yesterday: topic a alone into /all with app id shop (txn shop-0). Today: topics a and b into /all."""
     uri = str(tmp_path / "all")
-    yesterday = config(tmp_path, K2D_KAFKA__TOPIC="a", K2D_TABLE__URI=uri, K2D_TABLE__APP_ID="shop")
+    yesterday = tables_config(tmp_path, K2D_KAFKA__TOPIC="a", K2D_TABLE__URI=uri, K2D_TABLE__APP_ID="shop")
     ingest_until_caught_up(yesterday, TopicsSource([messages_of(A0, 0, docs("a0-", 0, 4))], {A0: 4}))
     assert DeltaTable(uri).transaction_version("shop-0") == 3
 
-    today = config(tmp_path, K2D_KAFKA__TOPICS="a,b", K2D_TABLE__URI=uri, K2D_TABLE__APP_ID="shop")
+    today = tables_config(tmp_path, K2D_KAFKA__TOPICS="a,b", K2D_TABLE__URI=uri, K2D_TABLE__APP_ID="shop")
     source = TopicsSource(
         [messages_of(A0, 0, docs("a0-", 0, 6)), messages_of(B0, 0, docs("b0-", 0, 2))], {A0: 6, B0: 2}
     )
@@ -181,19 +167,6 @@ def test_a_one_topic_table_keeps_ingesting_when_more_topics_join_it(tmp_path: Pa
 
 
 # --- [routing] expression: one partition's messages split across tables ------------------------------
-
-
-def expression_config(tmp_path: Path) -> Config:
-    routes = [
-        {"name": "clicks", "uri": str(tmp_path / "clicks")},
-        {"name": "orders", "uri": str(tmp_path / "orders")},
-    ]
-    return config(
-        tmp_path,
-        K2D_KAFKA__TOPIC="e",
-        K2D_ROUTES=json.dumps(routes),
-        K2D_ROUTING__EXPRESSION="kind",
-    )
 
 
 E0 = TopicPartition("e", 0)
@@ -273,7 +246,7 @@ def test_a_route_added_later_starts_where_the_partition_is(tmp_path: Path) -> No
         {"name": "orders", "uri": str(tmp_path / "orders")},
         {"name": "refunds", "uri": str(tmp_path / "refunds")},
     ]
-    today = config(tmp_path, K2D_KAFKA__TOPIC="e", K2D_ROUTES=json.dumps(routes), K2D_ROUTING__EXPRESSION="kind")
+    today = tables_config(tmp_path, K2D_KAFKA__TOPIC="e", K2D_ROUTES=json.dumps(routes), K2D_ROUTING__EXPRESSION="kind")
     more = [*events(), {"id": "e7", "kind": "refunds"}]
     source = TopicsSource([messages_of(E0, 0, more)], {E0: 8})
     ingest_until_caught_up(today, source)
@@ -288,7 +261,7 @@ def test_a_route_may_have_its_own_dead_letter_table(tmp_path: Path) -> None:
         {"topic": "a", "uri": str(tmp_path / "a"), "dead_letter_table_uri": str(tmp_path / "a_letters")},
         {"topic": "b", "uri": str(tmp_path / "b")},
     ]
-    cfg = config(tmp_path, K2D_KAFKA__TOPICS="a,b", K2D_ROUTES=json.dumps(routes))
+    cfg = tables_config(tmp_path, K2D_KAFKA__TOPICS="a,b", K2D_ROUTES=json.dumps(routes))
     bad = messages_of(A0, 0, [{"id": "a0-0"}, {"id": 7, "nested": {"x": 1}}])
     bad.partitions[A0].payloads[1] = b"{not json"
     worse = messages_of(B0, 0, [{"id": "b0-0"}])
@@ -311,7 +284,7 @@ def test_routes_writing_one_table_share_its_dead_letter_table(tmp_path: Path) ->
         {"topic": "b", "uri": str(tmp_path / "all")},
     ]
     with pytest.raises(Exception, match=r"routes\[1\]\.dead_letter_table_uri.*same table"):
-        Routes(config(tmp_path, K2D_KAFKA__TOPICS="a,b", K2D_ROUTES=json.dumps(routes)))
+        Routes(tables_config(tmp_path, K2D_KAFKA__TOPICS="a,b", K2D_ROUTES=json.dumps(routes)))
 
 
 class StoppingSource(TopicsSource):
@@ -362,7 +335,9 @@ def test_a_replay_stopped_before_it_passes_a_table_ahead_never_moves_that_tables
 def test_topics_of_one_daemon_do_not_share_dead_letter_txns(tmp_path: Path) -> None:
     """An explicit app id and a table per topic: topic a's dead letters must not move topic b's dead-letter txn
     (b's next commit would be taken for a zombie's: dropped and replayed, again and again)."""
-    cfg = config(tmp_path, K2D_KAFKA__TOPICS="a,b", K2D_TABLE__URI=str(tmp_path / "{topic}"), K2D_TABLE__APP_ID="shop")
+    cfg = tables_config(
+        tmp_path, K2D_KAFKA__TOPICS="a,b", K2D_TABLE__URI=str(tmp_path / "{topic}"), K2D_TABLE__APP_ID="shop"
+    )
     bad = messages_of(A0, 0, docs("a0-", 0, 3))
     bad.partitions[A0].payloads[1] = b"{broken"
     worse = messages_of(B0, 0, docs("b0-", 0, 3))
@@ -386,12 +361,12 @@ def test_legacy_txn_ids_are_migrated_once_so_no_history_is_needed_later(
     """Partition a[1] has no new message after topics joined the table: its legacy id shop-1 is copied to
     shop-a-1 at the first read, so a later start needs no commit history naming the owner topic."""
     uri = str(tmp_path / "all")
-    yesterday = config(tmp_path, K2D_KAFKA__TOPIC="a", K2D_TABLE__URI=uri, K2D_TABLE__APP_ID="shop")
+    yesterday = tables_config(tmp_path, K2D_KAFKA__TOPIC="a", K2D_TABLE__URI=uri, K2D_TABLE__APP_ID="shop")
     ingest_until_caught_up(
         yesterday,
         TopicsSource([messages_of(A0, 0, docs("a0-", 0, 4)), messages_of(A1, 0, docs("a1-", 0, 2))], {A0: 4, A1: 2}),
     )
-    today = config(tmp_path, K2D_KAFKA__TOPICS="a,b", K2D_TABLE__URI=uri, K2D_TABLE__APP_ID="shop")
+    today = tables_config(tmp_path, K2D_KAFKA__TOPICS="a,b", K2D_TABLE__URI=uri, K2D_TABLE__APP_ID="shop")
     ingest_until_caught_up(today, TopicsSource([messages_of(A0, 4, docs("a0-", 4, 1))], {A0: 5, A1: 2, B0: 0}))
     table = DeltaTable(uri)
     assert (table.transaction_version("shop-a-0"), table.transaction_version("shop-a-1")) == (4, 1)
@@ -410,7 +385,9 @@ def test_legacy_dead_letter_txn_ids_keep_their_topic_when_another_topic_dead_let
     today topics a and z each have a table, and a pod holding only a records a dead letter first. Its commit must
     not look like a one-topic one (the owner of ``shop-dlq-0`` would be taken to be a, and z@3 recorded again),
     and the owner is named in a property at once, so a later start needs no history."""
-    yesterday = config(tmp_path, K2D_KAFKA__TOPIC="z", K2D_TABLE__URI=str(tmp_path / "z"), K2D_TABLE__APP_ID="shop")
+    yesterday = tables_config(
+        tmp_path, K2D_KAFKA__TOPIC="z", K2D_TABLE__URI=str(tmp_path / "z"), K2D_TABLE__APP_ID="shop"
+    )
     z0 = TopicPartition("z", 0)
 
     def broken_at(batch: ConsumedBatch, tp: TopicPartition, offset: int) -> ConsumedBatch:
@@ -432,7 +409,7 @@ def test_legacy_dead_letter_txn_ids_keep_their_topic_when_another_topic_dead_let
         ingest_until_caught_up(
             yesterday, TopicsSource([broken_at(messages_of(z0, 2, docs("z", 2, 3)), z0, 3)], {z0: 5}), refusing_z
         )
-    today = config(
+    today = tables_config(
         tmp_path, K2D_KAFKA__TOPICS="a,z", K2D_TABLE__URI=str(tmp_path / "{topic}"), K2D_TABLE__APP_ID="shop"
     )
     ingest_until_caught_up(today, TopicsSource([broken_at(messages_of(A0, 0, docs("a", 0, 3)), A0, 1)], {A0: 3}))

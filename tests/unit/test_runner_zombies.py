@@ -4,41 +4,23 @@ ends with every offset exactly once a row, a dead letter or a skip."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 from deltalake import DeltaTable
 
-from kafka2delta.cli import build_router, open_dead_letters, open_table
-from kafka2delta.config import Config, load_config
+from kafka2delta.cli import open_table
+from kafka2delta.config import Config
 from kafka2delta.errors import FatalError
-from kafka2delta.metrics import Metrics
 from kafka2delta.records import ConsumedBatch, TopicPartition
-from kafka2delta.routing import Routes, TableSpec
+from kafka2delta.routing import TableSpec
 from kafka2delta.runner import Ingestor
 from kafka2delta.tables import OpenedTable
-from tests.support.runner import TopicsSource, ingest_until_caught_up, messages_of, no_sleep
+from tests.support.runner import TopicsSource, daemon_loop, expression_config, ingest_until_caught_up, messages_of
 
 E0 = TopicPartition("e", 0)
 KINDS = ["clicks", "clicks", "orders", "refunds", None, "orders-without-id", "clicks", "clicks", "orders", "clicks"]
-
-
-def config(tmp_path: Path) -> Config:
-    routes = [{"name": "clicks", "uri": str(tmp_path / "clicks")}, {"name": "orders", "uri": str(tmp_path / "orders")}]
-    return load_config(
-        None,
-        environ={
-            "K2D_KAFKA__BOOTSTRAP_SERVERS": "unused:1",
-            "K2D_KAFKA__TOPIC": "e",
-            "K2D_TABLE__SCHEMA": '{"id": "string not null"}',
-            "K2D_DEAD_LETTERS__TABLE_URI": str(tmp_path / "dlq"),
-            "K2D_INGEST__MAX_COMMIT_RETRIES": "3",
-            "K2D_ROUTES": json.dumps(routes),
-            "K2D_ROUTING__EXPRESSION": "kind",
-        },
-    )
 
 
 def events(first: int, last: int) -> ConsumedBatch:
@@ -55,18 +37,7 @@ def events(first: int, last: int) -> ConsumedBatch:
 
 
 def ingestor(cfg: Config, opener: Any) -> Ingestor:
-    routes = Routes(cfg)
-    return Ingestor(
-        cfg,
-        source=TopicsSource([], {E0: 10}),
-        tables=opener,
-        routes=routes,
-        dead_letters=open_dead_letters(cfg, routes),
-        metrics=Metrics(),
-        router=lambda: build_router(cfg),
-        dead_letter_opener=lambda uri: open_dead_letters(cfg, routes, uri),
-        sleep=no_sleep,
-    )
+    return daemon_loop(cfg, TopicsSource([], {E0: 10}), opener)[0]
 
 
 def refusing_orders(cfg: Config, how: str) -> Any:
@@ -108,7 +79,7 @@ def test_a_zombies_dead_letter_inside_an_older_window_is_not_recorded_again(tmp_
     """After a crash between the tables' commits (clicks and the dead letters at 7, orders at 2), a zombie records
     orders' dead letter @5 without moving the dead-letter txn (it is inside the window) and dies; the new owner,
     whose lane 3..9 moves the txn to 9, must find @5 recorded instead of recording it twice."""
-    cfg = config(tmp_path)
+    cfg = expression_config(tmp_path)
     ingest_until_caught_up(cfg, TopicsSource([events(0, 2)], {E0: 3}))
     with pytest.raises(FatalError, match="refresh_schema"):  # the crash between the tables' commits
         ingest_until_caught_up(cfg, TopicsSource([events(3, 7)], {E0: 8}), refusing_orders(cfg, "refresh_schema"))
@@ -133,7 +104,7 @@ def test_an_out_of_range_seek_in_the_same_turn_still_stops_later_tables_after_a_
     """The new owner commits 3..9 to both tables; the zombie, holding 3..9 and seeking an out-of-range offset in
     the same turn (so the partition was already marked resynced), flushes: clicks' conflict resyncs the partition
     and orders must then not commit it (checked against the versions the resync just read, it would pass)."""
-    cfg = config(tmp_path)
+    cfg = expression_config(tmp_path)
     ingest_until_caught_up(cfg, TopicsSource([events(0, 2)], {E0: 3}))
     zombie = ingestor(cfg, lambda spec: open_table(cfg, spec))
     owner = ingestor(cfg, lambda spec: open_table(cfg, spec))
