@@ -45,19 +45,19 @@ def last_changes(
     rows = _without_negative_zero(rows, key)
     indexed = rows.select(list(key)).append_column(_INDEX, pa.array(range(rows.num_rows), pa.int64()))
     last = indexed.group_by(list(key), use_threads=False).aggregate([(_INDEX, "max")])
-    chosen = last.column(f"{_INDEX}_max").combine_chunks().sort().to_pylist()
-    flags = deletes.to_pylist()
+    chosen = last.column(f"{_INDEX}_max").combine_chunks().sort()
+    chosen_flags = deletes.take(chosen)
     keys: list[Hashable] | None = None
-    chosen_flags = [flags[index] for index in chosen]
-    if soft and any(chosen_flags):
+    if soft and pc.any(chosen_flags).as_py():  # Python lists only where a flush needs them
         keys = _keys(rows, key)
-        changes, upserts = _deletes_after_upserts(rows, chosen, flags, keys, kept)
-        chosen_flags = [deleted and upsert is None for deleted, upsert in zip(chosen_flags, upserts, strict=True)]
+        changes, upserts = _deletes_after_upserts(rows, chosen.to_pylist(), deletes.to_pylist(), keys, kept)
+        flipped = pa.array([upsert is not None for upsert in upserts], pa.bool_())
+        chosen_flags = pc.and_(chosen_flags, pc.invert(flipped))
     else:
-        changes = rows.take(pa.array(chosen, pa.int64()))
+        changes = rows.take(chosen)
     if unavailable is not None:
-        changes = _fill_unavailable(rows, changes, chosen, flags, key, unavailable, soft, keys)
-    return changes.append_column(DELETE_FLAG, pa.array(chosen_flags, pa.bool_()))
+        changes = _fill_unavailable(rows, changes, chosen, deletes, key, unavailable, soft, keys)
+    return changes.append_column(DELETE_FLAG, chosen_flags)
 
 
 def last_changes_of(rows: pa.Table, deletes: pa.Array, options: ChangeOptions) -> pa.Table:
@@ -118,8 +118,8 @@ def _deletes_after_upserts(
 def _fill_unavailable(
     rows: pa.Table,
     changes: pa.Table,
-    chosen: list[int],
-    flags: list[bool],
+    chosen: pa.Array,
+    deletes: pa.Array,
     key: Sequence[str],
     unavailable: str,
     soft: bool,
@@ -127,18 +127,19 @@ def _fill_unavailable(
 ) -> pa.Table:
     for index, column in enumerate(changes.schema):
         placeholder = _placeholder(column.type, unavailable)
-        if placeholder is None or column.name in key:
+        if placeholder is None or column.name in key or not _may_hold(changes.column(index), unavailable):
             continue
         values = changes.column(index).to_pylist()
         marked = [value == placeholder for value in values]
         if not any(marked):
             continue
         keys = keys if keys is not None else _keys(rows, key)
-        given = _values_given(rows.column(column.name).to_pylist(), flags, keys, placeholder, soft)
+        given = _values_given(rows.column(column.name).to_pylist(), deletes.to_pylist(), keys, placeholder, soft)
+        indexes = chosen.to_pylist()
         unset = []
         for position, is_marked in enumerate(marked):
             if is_marked:
-                found = given.get(keys[chosen[position]], _NONE)
+                found = given.get(keys[indexes[position]], _NONE)
                 values[position] = None if found is _NONE else found
                 unset.append(found is _NONE)
             else:
@@ -165,6 +166,19 @@ def _values_given(
         elif value != placeholder:
             given[row_key] = value
     return given
+
+
+def _may_hold(values: pa.ChunkedArray, unavailable: str) -> bool:
+    """Whether the placeholder is among ``values`` (a list column's elements): most flushes have none, and then no
+    value is read into Python."""
+    if pa.types.is_list(values.type):
+        values = pc.list_flatten(values)
+    target = (
+        unavailable.encode()
+        if pa.types.is_binary(values.type) or pa.types.is_large_binary(values.type)
+        else unavailable
+    )
+    return bool(pc.any(pc.equal(values, pa.scalar(target, values.type))).as_py())
 
 
 def _placeholder(data_type: pa.DataType, unavailable: str) -> Any:
