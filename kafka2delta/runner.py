@@ -36,7 +36,6 @@ from kafka2delta import faults
 from kafka2delta.assignment import PartitionState
 from kafka2delta.committer import PendingCommit
 from kafka2delta.config import Config
-from kafka2delta.coordinator import Turn
 from kafka2delta.edges import DeadLetterProducer, DeadLetterStore, Source
 from kafka2delta.errors import CommitConflict, RetryableError, RowGroupRefused, SchemaChanged, TableNotCreated
 from kafka2delta.metrics import Metrics
@@ -49,14 +48,12 @@ from kafka2delta.routing import Routes
 from kafka2delta.splitting import after, empty_outcome, merged, split
 from kafka2delta.status import Status, StatusBoard, liveness_window_s
 from kafka2delta.tables import DeadLetterOpener, RouterOpener, TableOpener, Tables, TableSink, TopicTables
+from kafka2delta.turns import IngestTurns
 from kafka2delta.value_buffers import FlushLimits, PartitionBuffer, ValueBuffers
 
 logger = logging.getLogger(__name__)
 
-_TURN_RETRY_S = 0.2  # between two refused coordinator turns (not our turn yet)
 _KAFKA_MAX_POLL_INTERVAL_MS = 300_000  # librdkafka's default max.poll.interval.ms
-# Flushes that give up instead of waiting for a refused turn: what they hold is replayed (by the next owner).
-_ONE_TURN_REASONS = frozenset({"revoke", "shutdown"})
 
 
 class Ingestor:
@@ -86,9 +83,6 @@ class Ingestor:
         self._clock = clock
         self._sleep = sleep
         ingest = config.ingest
-        # Waiting for a coordinator turn does not poll Kafka: give the flush up well before the group evicts us.
-        max_poll_ms = float(config.kafka.settings.get("max.poll.interval.ms", _KAFKA_MAX_POLL_INTERVAL_MS))
-        self._max_turn_wait_s = max_poll_ms / 1000 / 2
         self._buffers = ValueBuffers(
             FlushLimits(
                 allowed_latency_s=ingest.allowed_latency_s,
@@ -146,6 +140,18 @@ class Ingestor:
             router=router,
             dead_letter_opener=dead_letter_opener,
         )
+        # Waiting for a coordinator turn does not poll Kafka: give the flush up well before the group evicts us.
+        max_poll_ms = float(config.kafka.settings.get("max.poll.interval.ms", _KAFKA_MAX_POLL_INTERVAL_MS))
+        self._turns = IngestTurns(
+            retrier=self._retrier,
+            metrics=metrics,
+            board=self._board,
+            max_wait_s=max_poll_ms / 1000 / 2,
+            idle_interval_s=ingest.allowed_latency_s,
+            stopping=self.stopping,
+            clock=clock,
+            sleep=sleep,
+        )
         self._positions = Positions(
             tables=self._tables,
             retrier=self._retrier,
@@ -194,7 +200,7 @@ class Ingestor:
                 if due:
                     self._flush(due.reason, tables=due.tables)
                 elif not self._buffers:
-                    self._idle_turns()
+                    self._turns.idle(self._tables)
                 if until_caught_up and self._caught_up():
                     self._flush("caught_up")  # no need to wait for the latency limit
                     if self._caught_up():  # a conflict in that flush would have moved us back
@@ -397,47 +403,17 @@ class Ingestor:
     def _flush_table(
         self, reason: str, table: TableSink, buffers: dict[TopicPartition, PartitionBuffer]
     ) -> set[TopicPartition]:
-        """One table's commit, inside its coordinator's ``ingest`` turn when it joins one."""
+        """One table's commit, inside its coordinator's ``ingest`` turn when it joins one (:mod:`kafka2delta.turns`)."""
         if table.coordinator is None:
             return self._commit_table(reason, table, buffers)
-        turn = self._wait_for_turn(reason, table)
+        turn = self._turns.wait(reason, table)
         if turn is None:
             self._give_up_flush(reason, table, buffers)
             return set()
         with turn:
             committed = self._commit_table(reason, table, buffers)
-        table.next_idle_turn = self._clock() + self._config.ingest.allowed_latency_s
+        self._turns.committed(table)
         return committed
-
-    def _wait_for_turn(self, reason: str, table: TableSink) -> Turn | None:
-        """The coordinator's ``ingest`` turn; waits while it is refused (lock busy, another job's turn). None
-        (give the flush up) for a revoke or shutdown flush, once a stop is requested, or after half of Kafka's
-        ``max.poll.interval.ms``: the consumer is not polled meanwhile and must stay in its group."""
-        coordinator = table.coordinator
-        assert coordinator is not None
-        started, refusals = self._clock(), 0
-        while True:
-            turn = self._retrier.run("coordinator turn", lambda: coordinator.turn("ingest"))
-            if turn is not None:
-                if refusals:
-                    logger.info("coordinator: got the ingest turn after %.1f s", self._clock() - started)
-                return turn
-            refusals += 1
-            refused_by = "lock_busy" if coordinator.last_skip == "lock busy" else "order"
-            self._metrics.coordinator_skip(table.name, refused_by)
-            if reason in _ONE_TURN_REASONS or self._stop_requested is not None:
-                return None
-            if self._clock() - started >= self._max_turn_wait_s:
-                logger.warning(
-                    "coordinator: no ingest turn in %.0f s (half of max.poll.interval.ms): %s",
-                    self._clock() - started,
-                    coordinator.last_skip,
-                )
-                return None
-            if refusals == 1 or refusals % 50 == 0:
-                logger.info("coordinator: waiting for the ingest turn (%s flush): %s", reason, coordinator.last_skip)
-            self._board.loop_turned()  # waiting for our turn on purpose is alive
-            self._sleep(_TURN_RETRY_S)
 
     def _give_up_flush(self, reason: str, table: TableSink, buffers: dict[TopicPartition, PartitionBuffer]) -> None:
         """No turn: commit nothing. Each partition goes back to its committed offset (a revoked one is replayed
@@ -468,20 +444,6 @@ class Ingestor:
                 interval,
                 before,
             )
-
-    def _idle_turns(self) -> None:
-        """Nothing to commit: register an empty ``ingest`` turn now and then, so that a strict order does not
-        wait for ingestion on a quiet topic. Never waits for the lock."""
-        now = self._clock()
-        for table in self._tables:
-            coordinator = table.coordinator
-            if coordinator is None or "ingest" not in coordinator.order or now < table.next_idle_turn:
-                continue
-            table.next_idle_turn = now + self._config.ingest.allowed_latency_s
-            turn = self._retrier.run("coordinator turn", partial(coordinator.turn, "ingest", lock_timeout_s=0.0))
-            if turn is not None:
-                with turn:
-                    pass
 
     # --- flush: write, commit, record (one table) --------------------------------------------
 
