@@ -96,18 +96,18 @@ def _filesystem(uri: str, storage_options: Mapping[str, str]) -> tuple[pa_fs.Fil
     if parsed.scheme in ("", "file"):
         return pa_fs.LocalFileSystem(), parsed.path if parsed.scheme else uri
     if parsed.scheme in ("s3", "s3a"):
-        options = {k.upper(): v for k, v in storage_options.items()}
-        endpoint = options.get("AWS_ENDPOINT_URL") or options.get("AWS_ENDPOINT")
+        options = _s3_options(storage_options)
+        endpoint = options.get("endpoint_url") or options.get("endpoint")
         scheme = None
         if endpoint:
             endpoint_parsed = urlparse(endpoint)
             scheme = endpoint_parsed.scheme or None
             endpoint = endpoint_parsed.netloc or endpoint
         filesystem = pa_fs.S3FileSystem(
-            access_key=options.get("AWS_ACCESS_KEY_ID"),
-            secret_key=options.get("AWS_SECRET_ACCESS_KEY"),
-            session_token=options.get("AWS_SESSION_TOKEN") or options.get("AWS_TOKEN"),
-            region=options.get("AWS_REGION") or options.get("AWS_DEFAULT_REGION"),
+            access_key=options.get("access_key_id"),
+            secret_key=options.get("secret_access_key"),
+            session_token=options.get("session_token") or options.get("token"),
+            region=options.get("region") or options.get("default_region"),
             endpoint_override=endpoint,
             scheme=scheme or "https",
         )
@@ -125,6 +125,12 @@ def _filesystem(uri: str, storage_options: Mapping[str, str]) -> tuple[pa_fs.Fil
         "table.uri",
         f"unsupported scheme {parsed.scheme!r} (local paths, s3://, az:// or abfss:// and gs:// are supported)",
     )
+
+
+def _s3_options(storage_options: Mapping[str, str]) -> dict[str, str]:
+    """The S3 storage options by object_store's name with no ``aws_`` prefix, in lower case: deltalake takes
+    ``AWS_ENDPOINT_URL``, ``aws_endpoint``, ``endpoint`` … alike, and the Parquet files must go where the log goes."""
+    return {key.lower().removeprefix("aws_"): value for key, value in storage_options.items()}
 
 
 AZURE_SCHEMES = ("az", "azure", "abfs", "abfss", "adl")

@@ -39,6 +39,7 @@ from kafka2delta.config.sections import (
     SparkConfig,
     TableConfig,
     is_secret_key,
+    without_credentials,
 )
 
 __all__ = [
@@ -65,4 +66,5 @@ __all__ = [
     "TableConfig",
     "is_secret_key",
     "load_config",
+    "without_credentials",
 ]

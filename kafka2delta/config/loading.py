@@ -4,8 +4,10 @@ value converted to its field's type with an error that names the key (and the va
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import math
 import os
 import tomllib
 import types
@@ -104,7 +106,10 @@ def _apply_environment(raw: dict[str, Any], environ: Mapping[str, str], sources:
         parts = variable[len(ENV_PREFIX) :].lower().split("__")
         section, key = parts[0], parts[1]
         if section not in SECTIONS:
-            continue  # K2D_TEST_* and friends are not config
+            # A K2D_<NAME>__<KEY> variable means config: a misspelt section must not be silently ignored.
+            if section in (_TRANSFORMS, _ROUTES):
+                raise ConfigError(variable, f"give {section} as one JSON value in {ENV_PREFIX}{section.upper()}")
+            raise ConfigError(variable, f"unknown section {section!r} (known: {', '.join(SECTIONS)})")
         value: Any = environ[variable]
         dotted = f"{section}.{key}"
         if len(parts) == 3 and key in MAPPING_KEYS:
@@ -150,14 +155,14 @@ def _build(raw: dict[str, Any], sources: dict[str, str], from_files: set[ConfigP
             raise ConfigError(section, f"unknown section (known: {', '.join([*SECTIONS, _TRANSFORMS, _ROUTES])})")
     built: dict[str, Any] = {
         "transforms": _build_transforms(raw.get(_TRANSFORMS, {}), sources),
-        "routes": _build_routes(raw.get(_ROUTES, []), sources),
+        "routes": _build_routes(raw.get(_ROUTES, []), sources, from_files),
     }
     for section, cls in SECTIONS.items():
         values = raw.get(section, {})
         if not isinstance(values, dict):
             raise ConfigError(section, "expected a table")
         read_key_files(section, cls, values, sources, from_files)
-        built[section] = _build_section(section, cls, values, sources)
+        built[section] = _build_section(section, cls, values, sources, from_files)
     config = Config(**built, from_files=frozenset(from_files))
     validate(config)
     return config
@@ -187,7 +192,7 @@ def _flatten_targets(values: dict[str, Any], prefix: str = "") -> list[tuple[str
     return flat
 
 
-def _build_routes(values: Any, sources: dict[str, str]) -> tuple[RouteConfig, ...]:
+def _build_routes(values: Any, sources: dict[str, str], from_files: set[ConfigPath]) -> tuple[RouteConfig, ...]:
     where = f"{_ROUTES} (from {sources[_ROUTES]})" if _ROUTES in sources else _ROUTES
     if not isinstance(values, list):
         raise ConfigError(where, "expected an array of tables ([[routes]] in TOML, a JSON array in the environment)")
@@ -195,12 +200,19 @@ def _build_routes(values: Any, sources: dict[str, str]) -> tuple[RouteConfig, ..
     for index, route in enumerate(values):
         if not isinstance(route, dict):
             raise ConfigError(f"{where}[{index}]", "expected a table")
-        routes.append(_build_section(f"{_ROUTES}[{index}]", RouteConfig, route, sources, _TYPE_HINTS[_ROUTES]))
+        section = f"{_ROUTES}[{index}]"
+        read_key_files(section, RouteConfig, route, sources, from_files)
+        routes.append(_build_section(section, RouteConfig, route, sources, from_files, _TYPE_HINTS[_ROUTES]))
     return tuple(routes)
 
 
 def _build_section(
-    section: str, cls: type[Any], values: dict[str, Any], sources: dict[str, str], hints: dict[str, Any] | None = None
+    section: str,
+    cls: type[Any],
+    values: dict[str, Any],
+    sources: dict[str, str],
+    from_files: set[ConfigPath],
+    hints: dict[str, Any] | None = None,
 ) -> Any:
     hints = hints if hints is not None else _TYPE_HINTS[section]
     fields = {f.name: f for f in dataclasses.fields(cls)}
@@ -215,7 +227,8 @@ def _build_section(
                 raise ConfigError(dotted, f"required key missing (expected {_describe(hints[name])})")
             continue
         where = f"{dotted} (from {sources[dotted]})" if dotted in sources else dotted
-        kwargs[name] = _convert(where, hints[name], values[name], secret=False)
+        secret = is_secret_key(name) or (section, name) in from_files
+        kwargs[name] = _convert(where, hints[name], values[name], secret=secret)
     return cls(**kwargs)
 
 
@@ -263,14 +276,16 @@ def _convert(where: str, hint: Any, value: Any, *, secret: bool) -> Any:
                 pass
         raise ConfigError(where, problem)
     if hint is float:
+        number: float | None = None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        raise ConfigError(where, problem)
+            number = float(value)
+        elif isinstance(value, str):
+            with contextlib.suppress(ValueError):
+                number = float(value)
+        # nan passes every range check (nan <= 0 is false) and inf never comes: both are refused here.
+        if number is None or not math.isfinite(number):
+            raise ConfigError(where, problem)
+        return number
     if hint is str:
         if isinstance(value, str):
             return value
@@ -283,7 +298,8 @@ def _convert(where: str, hint: Any, value: Any, *, secret: bool) -> Any:
         raise ConfigError(where, problem)
     if origin in (Mapping, dict) or hint is Mapping or isinstance(hint, types.GenericAlias):
         if not isinstance(value, dict):
-            raise ConfigError(where, problem)
+            # Never echoed: a whole storage_options or settings string holds secrets.
+            raise ConfigError(where, f"expected {_describe(hint)}, got {type(value).__name__}")
         converted = {}
         for key, item in value.items():
             if isinstance(item, bool):

@@ -13,6 +13,9 @@ Two ways, both read once at start:
   (an ``AWS_SECRET_ACCESS_KEY`` that used to reach the environment through ``envFrom`` must not be silently
   ignored).
 
+Where a key is given both ways, the environment wins over the TOML file (either way round), and an empty value
+(``password = ""``, as in config.example.toml) gives way to its ``_file``; both in one place is an error.
+
 A value read through a ``_file`` key is a secret whatever its key's name: masked in every printed config and
 redacted from the logs. One trailing newline is dropped (``echo secret > file`` writes one); nothing else is
 stripped.
@@ -99,8 +102,7 @@ def read_key_files(
     fields = {f.name for f in dataclasses.fields(cls)}
     for name in [k for k in values if k.endswith(FILE_SUFFIX) and k not in fields]:
         target = name[: -len(FILE_SUFFIX)]
-        if target in fields:
-            _replace(values, name, target, f"{section}.", sources)
+        if target in fields and _replace(values, name, target, f"{section}.", sources):
             from_files.add((section, target))
     for mapping_key in MAPPING_KEYS:
         mapping = values.get(mapping_key)
@@ -110,17 +112,26 @@ def read_key_files(
             if name.lower() in _FILE_NAMING_OPTIONS:
                 continue
             target = name[: -len(FILE_SUFFIX)]
-            _replace(mapping, name, target, f"{section}.{mapping_key}.", sources)
-            from_files.add((section, mapping_key, target))
+            if _replace(mapping, name, target, f"{section}.{mapping_key}.", sources):
+                from_files.add((section, mapping_key, target))
 
 
-def _replace(values: dict[str, Any], name: str, target: str, prefix: str, sources: dict[str, str]) -> None:
+def _replace(values: dict[str, Any], name: str, target: str, prefix: str, sources: dict[str, str]) -> bool:
+    """Read ``name``'s file into ``target``; False when the environment's ``target`` overrides the file instead."""
     where = prefix + name
     shown = f"{where} (from {sources[where]})" if where in sources else where
     if target in values:
-        raise ConfigError(shown, f"{prefix}{target} is set too: give the value or the file, not both")
+        file_from_environment, value_from_environment = where in sources, prefix + target in sources
+        if (file_from_environment and not value_from_environment) or values[target] == "":
+            del values[target]  # the environment overrides the TOML file's value (or its empty placeholder)
+        elif value_from_environment and not file_from_environment:
+            del values[name]  # the environment's value overrides the TOML file's _file key
+            return False
+        else:
+            raise ConfigError(shown, f"{prefix}{target} is set too: give the value or the file, not both")
     path = values.pop(name)
     if not isinstance(path, str) or not path:
         raise ConfigError(shown, f"expected a file name, got {path!r}")
     values[target] = read_value_file(shown, path)
     sources[prefix + target] = f"{sources.get(where, where)}, file {path}"
+    return True

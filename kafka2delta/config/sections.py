@@ -24,16 +24,55 @@ METADATA_COLUMNS = {
     "key": "string",
 }
 MASK = "***"
-# A key holding one of these words, or a part named "key"/"pem", carries a secret.
-_SECRET_WORDS = ("password", "secret", "token", "credential")
-_SECRET_PARTS = frozenset({"key", "pem"})
+# A key holding one of these words, or a part named "key"/"pem"/"sas"/"jaas", carries a secret; so do
+# librdkafka's OAUTHBEARER config (it may hold a client secret) and Hadoop's per-container SAS tokens.
+_SECRET_WORDS = ("password", "secret", "token", "credential", "oauthbearer.config")
+_SECRET_PARTS = frozenset({"key", "pem", "sas", "jaas"})
 
 
 def is_secret_key(key: str) -> bool:
-    """``sasl.password``, ``ssl.key.pem``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_ACCESS_KEY_ID`` … are secrets."""
+    """``sasl.password``, ``ssl.key.pem``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_ACCESS_KEY_ID``,
+    ``sasl.oauthbearer.config``, ``sasl.jaas.config``, ``spark.hadoop.fs.azure.sas.<container>.<account>`` … are
+    secrets."""
     lowered = key.lower()
     parts = set(re.split(r"[._]", lowered))
     return any(word in lowered for word in _SECRET_WORDS) or bool(parts & _SECRET_PARTS)
+
+
+# Object-store URIs whose user part names a container, not a user (``abfss://container@account…``).
+_CONTAINER_USER_SCHEMES = frozenset({"abfs", "abfss", "az", "azure", "adl", "wasb", "wasbs"})
+
+
+def without_credentials(text: str) -> str:
+    """``text`` (a URI, or what was meant as one) with its credentials masked: the password of
+    ``user:password@host``, a lone user part of a URL (a token), and ``user:password@host:8081`` written with no
+    scheme (it parses as scheme ``user``). An Azure URI's container stays readable."""
+    parts = urlsplit(text)
+    if "@" not in parts.netloc:
+        return f"{MASK}@{text.rsplit('@', 1)[1]}" if _schemeless_userinfo(text) else text
+    user, host = parts.netloc.rsplit("@", 1)
+    if ":" in user:
+        user = f"{user.split(':', 1)[0]}:{MASK}"
+    elif parts.scheme.lower() not in _CONTAINER_USER_SCHEMES:
+        user = MASK
+    return urlunsplit(parts._replace(netloc=f"{user}@{host}"))
+
+
+def _schemeless_userinfo(text: str) -> bool:
+    """``user:password@host…`` with no ``://`` (a local path that holds an ``@`` has a ``/`` before it)."""
+    head = text.rpartition("@")[0]
+    return "://" not in text and ":" in head and "/" not in head
+
+
+def uri_secret(text: str) -> str:
+    """The secret a URI carries in its user part (see :func:`without_credentials`), or ""."""
+    parts = urlsplit(text)
+    if "@" not in parts.netloc:
+        return text.rpartition("@")[0].split(":", 1)[1] if _schemeless_userinfo(text) else ""
+    user = parts.netloc.rsplit("@", 1)[0]
+    if ":" in user:
+        return user.split(":", 1)[1]
+    return "" if parts.scheme.lower() in _CONTAINER_USER_SCHEMES else user
 
 
 @dataclass(frozen=True)
@@ -439,9 +478,16 @@ class Config:
         secrets += [v for k, v in self.spark.conf.items() if is_secret_key(k) and v]
         if self.schema_registry.password:
             secrets.append(self.schema_registry.password)
+        secrets += [secret for uri in self._uris() if (secret := uri_secret(uri))]
         data = dataclasses.asdict(self)
         secrets += [value for path in sorted(self.from_files) if (value := _at(data, path))]
         return list(dict.fromkeys(secrets))
+
+    def _uris(self) -> list[str]:
+        """Every URI of the config that may carry credentials (``user:password@``)."""
+        uris = [self.schema_registry.url, self.table.uri, self.dead_letters.table_uri]
+        uris += [uri for route in self.routes for uri in (route.uri, route.dead_letter_table_uri)]
+        return [uri for uri in uris if uri]
 
     def summary(self) -> list[str]:
         """The settings that matter, one readable line per concern, secrets masked (logged at start)."""
@@ -449,11 +495,11 @@ class Config:
         subscription = (
             f"topic {kafka.topic}" if kafka.topic else f"topics {', '.join(kafka.topics) or kafka.topic_pattern}"
         )
-        registry = _without_credentials(self.schema_registry.url) if self.schema_registry.url else "none"
+        registry = without_credentials(self.schema_registry.url) if self.schema_registry.url else "none"
         if self.schema_registry.type == "glue":
             glue = self.schema_registry
             registry = f"glue ({', '.join(filter(None, [glue.region, glue.endpoint_url])) or 'AWS defaults'})"
-        dead_letters = _without_credentials(self.dead_letter_table_uri) + (
+        dead_letters = without_credentials(self.dead_letter_table_uri) + (
             f", topic {self.dead_letters.topic}" if self.dead_letters.topic else ""
         )
         return [
@@ -461,14 +507,14 @@ class Config:
             f"auto_offset_reset {kafka.auto_offset_reset}, missing_offset_policy {kafka.missing_offset_policy}",
             *(
                 [
-                    f"table: {_without_credentials(table.uri)}, schema_evolution {table.schema_evolution}, "
+                    f"table: {without_credentials(table.uri)}, schema_evolution {table.schema_evolution}, "
                     f"partition_by {list(table.partition_by) or 'none'}"
                 ]
                 if table.uri
                 else []
             ),
             *(
-                f"route {route.name or index}: {_route_match(route)} → {_without_credentials(route.uri or table.uri)}"
+                f"route {route.name or index}: {_route_match(route)} → {without_credentials(route.uri or table.uri)}"
                 for index, route in enumerate(self.routes)
             ),
             *([f"routing: per message by {self.routing.expression!r}"] if self.routing.expression else []),
@@ -494,8 +540,15 @@ class Config:
         data["spark"]["conf"] = mask(self.spark.conf)
         if self.schema_registry.password:
             data["schema_registry"]["password"] = MASK
-        for *parents, key in self.from_files:
-            holder = data
+        data["schema_registry"]["url"] = without_credentials(self.schema_registry.url)
+        data["table"]["uri"] = without_credentials(self.table.uri)
+        data["dead_letters"]["table_uri"] = without_credentials(self.dead_letters.table_uri)
+        for route in data["routes"]:
+            route["uri"] = without_credentials(route["uri"])
+            route["dead_letter_table_uri"] = without_credentials(route["dead_letter_table_uri"])
+        for path in self.from_files:
+            *parents, key = _steps(path)
+            holder: Any = data
             for part in parents:
                 holder = holder[part]
             holder[key] = MASK
@@ -505,17 +558,18 @@ class Config:
 def _at(data: Mapping[str, Any], path: tuple[str, ...]) -> str:
     """The string at ``path`` in the dict form of a config."""
     value: Any = data
-    for part in path:
+    for part in _steps(path):
         value = value[part]
     return str(value)
 
 
-def _without_credentials(uri: str) -> str:
-    """``uri`` with any ``user:password@`` removed (object-store and registry URLs may carry them)."""
-    parts = urlsplit(uri)
-    if "@" not in parts.netloc:
-        return uri
-    return urlunsplit(parts._replace(netloc=f"{MASK}@{parts.netloc.rsplit('@', 1)[1]}"))
+def _steps(path: tuple[str, ...]) -> list[str | int]:
+    """The keys and list indexes that reach ``path`` in the dict form (``routes[1]`` is ``routes``, then 1)."""
+    steps: list[str | int] = []
+    for part in path:
+        indexed = re.fullmatch(r"(\w+)\[(\d+)\]", part)
+        steps += [indexed[1], int(indexed[2])] if indexed else [part]
+    return steps
 
 
 def _route_match(route: RouteConfig) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from kafka2delta.config.sections import METADATA_COLUMNS, TOPIC_PLACEHOLDER, Config, RouteConfig
+from kafka2delta.config.sections import METADATA_COLUMNS, TOPIC_PLACEHOLDER, Config, RouteConfig, without_credentials
 from kafka2delta.errors import ConfigError
 from kafka2delta.schema import is_required, parse_schema
 
@@ -88,6 +88,13 @@ def validate_storage_options(config: Config, environ: Mapping[str, str], sources
     found: list[tuple[str, str, str]] = []  # (normalised name, where, value)
     for key, value in config.table.storage_options.items():
         where = sources.get(f"table.storage_options.{key}", f"table.storage_options.{key}")
+        if key.lower().removeprefix("aws_") == "profile":
+            # deltalake would read the profile, pyarrow's S3 client (the Parquet files) cannot be given one.
+            raise ConfigError(
+                where,
+                "set AWS_PROFILE in the environment instead: the log and the Parquet files must use one "
+                "credential, and the Parquet writer's S3 client takes a profile from the environment only",
+            )
         found.append((key.lower().removeprefix("aws_"), where, value))
     for key, value in environ.items():
         if key.upper().startswith("AWS_"):
@@ -102,7 +109,7 @@ def validate_storage_options(config: Config, environ: Mapping[str, str], sources
                 "must not be 'disabled': commits are put-if-absent (If-None-Match: *), so two writers never "
                 "commit one log version; remove it (the default) or set 'etag'",
             )
-        if name == "s3_allow_unsafe_rename" and text in ("1", "true", "yes", "on"):
+        if name == "s3_allow_unsafe_rename" and text in ("1", "true", "yes", "y", "on"):  # delta-rs's str_is_truthy
             raise ConfigError(
                 where,
                 "would allow commits without mutual exclusion; kafka2delta needs put-if-absent commits "
@@ -119,7 +126,9 @@ def validate_storage_options(config: Config, environ: Mapping[str, str], sources
 def _validate_format(config: Config) -> None:
     fmt, registry = config.format, config.schema_registry
     if registry.url and not re.match(r"https?://", registry.url):
-        raise ConfigError("schema_registry.url", f"expected an http:// or https:// URL, got {registry.url!r}")
+        raise ConfigError(
+            "schema_registry.url", f"expected an http:// or https:// URL, got {without_credentials(registry.url)!r}"
+        )
     _validate_glue(config)
     if fmt.type == "avro" and not (registry.enabled or fmt.avro_schema_file):
         raise ConfigError(
@@ -157,7 +166,8 @@ def _validate_glue(config: Config) -> None:
             )
     if registry.endpoint_url and not re.match(r"https?://", registry.endpoint_url):
         raise ConfigError(
-            "schema_registry.endpoint_url", f"expected an http:// or https:// URL, got {registry.endpoint_url!r}"
+            "schema_registry.endpoint_url",
+            f"expected an http:// or https:// URL, got {without_credentials(registry.endpoint_url)!r}",
         )
     if fmt.type == "raw" and fmt.key not in ("avro", "protobuf"):
         raise ConfigError(

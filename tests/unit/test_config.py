@@ -76,6 +76,12 @@ GLUE_RAW = {"K2D_FORMAT__TYPE": "raw", "K2D_SCHEMA_REGISTRY__TYPE": "glue", "K2D
         (MINIMAL + "[kafka.settings]\n'group.id' = 'x'\n", {}, "kafka.settings.group.id", "[kafka]"),
         (MINIMAL, {"K2D_FORMAT__KEY": "protobuf"}, "format.key", "protobuf keys need a schema registry"),
         (MINIMAL, {**GLUE_RAW, "K2D_FORMAT__KEY": "json"}, "schema_registry.type", "avro and protobuf keys"),
+        # A misspelt section in the environment is not silently ignored.
+        (MINIMAL, {"K2D_SCHEMAREGISTRY__URL": "http://r:8081"}, "K2D_SCHEMAREGISTRY__URL", "unknown section"),
+        (MINIMAL, {"K2D_ROUTES__0__URI": "/t"}, "K2D_ROUTES__0__URI", "one JSON value in K2D_ROUTES"),
+        # nan passes every range check (nan <= 0 is false): refused as no number.
+        (MINIMAL, {"K2D_INGEST__ALLOWED_LATENCY_S": "nan"}, "ingest.allowed_latency_s", "a number"),
+        (MINIMAL + "[schema_registry]\ntimeout_s = inf\n", {}, "schema_registry.timeout_s", "a number"),
     ],
 )
 def test_errors_name_the_key(tmp_path: Path, text: str, env: dict[str, str], key: str, words: str) -> None:
@@ -98,6 +104,35 @@ def test_secret_values_never_printed_in_errors(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as raised:
         load_config(write(tmp_path, MINIMAL + "[kafka.settings]\n'sasl.password' = ['s3cr3t']\n"), environ={})
     assert "s3cr3t" not in str(raised.value)
+    # A key whose name says secret is masked in a conversion error too, and a whole mapping never echoed.
+    with pytest.raises(ConfigError) as raised:
+        load_config(write(tmp_path, MINIMAL + "[schema_registry]\npassword = 12345678\n"), environ={})
+    assert "12345678" not in str(raised.value) and "schema_registry.password" in str(raised.value)
+    environ = {"K2D_TABLE__STORAGE_OPTIONS": '{"AWS_SECRET_ACCESS_KEY": "s3cr3t"}'}
+    with pytest.raises(ConfigError) as raised:
+        load_config(write(tmp_path, MINIMAL), environ=environ)
+    assert "s3cr3t" not in str(raised.value) and "table.storage_options" in str(raised.value)
+    # A registry URL written without its scheme keeps its password out of the error.
+    with pytest.raises(ConfigError) as raised:
+        load_config(write(tmp_path, MINIMAL), environ={"K2D_SCHEMA_REGISTRY__URL": "u:s3cr3t@registry:8081"})
+    assert "s3cr3t" not in str(raised.value) and "registry:8081" in str(raised.value)
+
+
+def test_credentials_in_uris_are_masked_and_redacted(tmp_path: Path) -> None:
+    environ = {
+        "K2D_SCHEMA_REGISTRY__URL": "http://ingest:regpass@registry:8081",
+        "K2D_TABLE__URI": "abfss://lake@account.dfs.core.windows.net/events",
+        "K2D_DEAD_LETTERS__TABLE_URI": "https://tokenvalue@files.example/letters",
+    }
+    config = load_config(write(tmp_path, MINIMAL), environ=environ)
+    masked = config.masked()
+    assert masked["schema_registry"]["url"] == f"http://ingest:{MASK}@registry:8081"
+    assert masked["dead_letters"]["table_uri"] == f"https://{MASK}@files.example/letters"
+    # An Azure URI's user part is its container, not a secret: it stays readable.
+    assert masked["table"]["uri"] == "abfss://lake@account.dfs.core.windows.net/events"
+    assert {"regpass", "tokenvalue"} <= set(config.secret_values()) and "lake" not in config.secret_values()
+    summary = "\n".join(config.summary())
+    assert "regpass" not in summary and "tokenvalue" not in summary and "abfss://lake@account" in summary
 
 
 @pytest.mark.parametrize(
@@ -108,6 +143,9 @@ def test_secret_values_never_printed_in_errors(tmp_path: Path) -> None:
         ("AWS_SECRET_ACCESS_KEY", True),
         ("AWS_ACCESS_KEY_ID", True),
         ("sasl.oauthbearer.client.secret", True),
+        ("sasl.oauthbearer.config", True),
+        ("sasl.jaas.config", True),
+        ("spark.hadoop.fs.azure.sas.lake.account.blob.core.windows.net", True),
         ("security.protocol", False),
         ("AWS_REGION", False),
         ("fetch.max.bytes", False),

@@ -133,3 +133,36 @@ def test_secrets_dir_and_environment_naming_one_variable_is_refused(tmp_path: Pa
         load_config(config_file(tmp_path), environ=environ)
     with pytest.raises(ConfigError, match=r"K2D_SECRETS_DIR: .* is not a directory"):
         load_config(config_file(tmp_path), environ={"K2D_SECRETS_DIR": str(tmp_path / "nowhere")})
+
+
+def test_the_environment_overrides_the_toml_files_value_either_way(tmp_path: Path) -> None:
+    # config.example.toml's empty password, then a Kubernetes Secret mounted as a file through the environment.
+    registry = "[schema_registry]\nurl = 'http://r:8081'\nusername = 'u'\npassword = ''\n"
+    password = write(tmp_path / "password", "from-env-file")
+    config = load_config(config_file(tmp_path, registry), {"K2D_SCHEMA_REGISTRY__PASSWORD_FILE": password})
+    assert config.schema_registry.password == "from-env-file"
+    # A TOML file with a real value, the environment's file wins over it.
+    inline = "[kafka.settings]\n'sasl.password' = 'in-toml'\n"
+    config = load_config(config_file(tmp_path, inline), {"K2D_KAFKA__SETTINGS__SASL_PASSWORD_FILE": password})
+    assert config.kafka.settings["sasl.password"] == "from-env-file"
+    # A TOML _file key, the environment's value wins over it (and the file is not read, nor called a file's).
+    toml_file = f"[dead_letters]\ntable_uri_file = '{tmp_path / 'absent'}'\n"
+    config = load_config(config_file(tmp_path, toml_file), {"K2D_DEAD_LETTERS__TABLE_URI": "/lake/letters"})
+    assert config.dead_letters.table_uri == "/lake/letters"
+    assert config.masked()["dead_letters"]["table_uri"] == "/lake/letters"
+
+
+def test_a_route_takes_values_from_files(tmp_path: Path) -> None:
+    uri = write(tmp_path / "uri", "s3://lake/orders\n")
+    text = f"[[routes]]\ntopic = 'events'\nuri_file = '{uri}'\n"
+    config = load_config(config_file(tmp_path, text), environ={})
+    assert config.routes[0].uri == "s3://lake/orders"
+    assert config.masked()["routes"][0]["uri"] == MASK
+    assert "s3://lake/orders" in config.secret_values()
+
+
+def test_a_value_read_from_a_file_is_never_echoed_by_a_conversion_error(tmp_path: Path) -> None:
+    port = write(tmp_path / "port", "not-a-port-but-a-secret")
+    with pytest.raises(ConfigError) as raised:
+        load_config(config_file(tmp_path, f"[metrics]\nport_file = '{port}'\n"), environ={})
+    assert "metrics.port" in str(raised.value) and "not-a-port-but-a-secret" not in str(raised.value)

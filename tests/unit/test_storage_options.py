@@ -45,6 +45,7 @@ def test_plain_s3_options_and_conditional_put_etag_are_accepted(tmp_path: Path) 
         ('aws_conditional_put = "disabled"', "table.storage_options.aws_conditional_put"),
         ('conditional_put = "Disabled"', "table.storage_options.conditional_put"),
         ('AWS_S3_ALLOW_UNSAFE_RENAME = "true"', "table.storage_options.AWS_S3_ALLOW_UNSAFE_RENAME"),
+        ('AWS_S3_ALLOW_UNSAFE_RENAME = "y"', "table.storage_options.AWS_S3_ALLOW_UNSAFE_RENAME"),
         ('AWS_S3_LOCKING_PROVIDER = "dynamodb"', "table.storage_options.AWS_S3_LOCKING_PROVIDER"),
     ],
 )
@@ -52,6 +53,14 @@ def test_unsafe_commit_options_are_refused_naming_the_key(tmp_path: Path, line: 
     with pytest.raises(ConfigError) as caught:
         load_config(config_file(tmp_path, line + "\n"), {})
     assert caught.value.key == key
+
+
+def test_an_aws_profile_in_storage_options_is_refused(tmp_path: Path) -> None:
+    # deltalake would use the profile for the log while the Parquet writer's client cannot be given it.
+    with pytest.raises(ConfigError) as caught:
+        load_config(config_file(tmp_path, 'aws_profile = "lake"\n'), {})
+    assert caught.value.key == "table.storage_options.aws_profile" and "AWS_PROFILE" in caught.value.problem
+    assert load_config(config_file(tmp_path), {"AWS_PROFILE": "lake"}).table.uri == "s3://lake/events"
 
 
 def test_from_the_environment_the_variable_is_named(tmp_path: Path) -> None:

@@ -162,3 +162,25 @@ def test_s3_filesystem_takes_temporary_credentials_and_the_region_from_storage_o
     settings = filesystem.__reduce__()[1][0]  # what the filesystem was built with
     assert (settings["session_token"], settings["region"]) == ("token", "eu-west-1")
     assert (settings["scheme"], settings["endpoint_override"]) == ("http", "127.0.0.1:9")
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        # object_store's other names for the same settings: deltalake takes them all, so must the Parquet writer.
+        {"endpoint": "http://127.0.0.1:9", "region": "eu-west-1", "access_key_id": "AKIA", "token": "token"},
+        {"endpoint_url": "http://127.0.0.1:9", "aws_region": "eu-west-1", "AWS_ACCESS_KEY_ID": "AKIA"},
+        {"AWS_ENDPOINT": "http://127.0.0.1:9", "default_region": "eu-west-1", "access_key_id": "AKIA"},
+    ],
+)
+def test_s3_filesystem_takes_every_name_deltalake_takes(options: dict[str, str]) -> None:
+    from kafka2delta.writer import _filesystem
+
+    filesystem, _ = _filesystem("s3://lake/events", {**options, "secret_access_key": "secret"})
+    settings = filesystem.__reduce__()[1][0]
+    assert (settings["endpoint_override"], settings["region"], settings["access_key"]) == (
+        "127.0.0.1:9",
+        "eu-west-1",
+        "AKIA",
+    )
+    assert settings["secret_key"] == "secret"
