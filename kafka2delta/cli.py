@@ -10,7 +10,7 @@ import datetime as dt
 import logging
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from types import FrameType
 
@@ -25,7 +25,7 @@ from kafka2delta.dead_letters import DeadLetterTable
 from kafka2delta.deferred_tables import DeferredTable, open_delta_table
 from kafka2delta.errors import ConfigError, FatalError, Kafka2DeltaError, RetryableError
 from kafka2delta.kafka import DeadLetterTopic, KafkaSource, high_watermarks, subscribed_topics, topic_partitions
-from kafka2delta.logs import setup_logging
+from kafka2delta.logs import Redactor, setup_logging
 from kafka2delta.metrics import Metrics
 from kafka2delta.pipeline import Pipeline
 from kafka2delta.records import TopicPartition
@@ -80,12 +80,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"kafka2delta: config error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
-    setup_logging(config.logging.level, config.logging.format, config.secret_values())
+    redact = Redactor(config.secret_values())  # the logs' and the status page's
+    setup_logging(config.logging.level, config.logging.format, redact)
     if args.command != "ingest":
         startup.release()  # only the daemon's start-up turns a stop signal into a clean exit
     try:
         if args.command == "ingest":
-            return _ingest(config, args.until_caught_up)
+            return _ingest(config, args.until_caught_up, redact)
         if args.command == "verify":
             return verify.command(config, args.json, args.timeout, partial(build_pipeline, config))
         if args.command in spark_commands.COMMANDS:
@@ -182,7 +183,7 @@ def build_router(config: Config) -> Pipeline:
     return Pipeline(deserializer, ROUTE_SCHEMA, transformer, options, "none")
 
 
-def _ingest(config: Config, until_caught_up: bool) -> int:
+def _ingest(config: Config, until_caught_up: bool, redact: Callable[[str], str] | None = None) -> int:
     faults.arm_from_environment()
     logger.info("kafka2delta %s starting", __version__)
     for line in config.summary():
@@ -211,6 +212,7 @@ def _ingest(config: Config, until_caught_up: bool) -> int:
         dead_letter_topic=dead_letter_topic,
         router=(lambda: build_router(config)) if config.routing.expression else None,
         dead_letter_opener=lambda uri: open_dead_letters(config, routes, uri),
+        redact=redact,
     )
 
     def stop(signum: int, frame: FrameType | None) -> None:

@@ -10,8 +10,12 @@ Callers may pass them explicitly too (``extra={"topic": …, "partition": …, "
 
 Redaction: every configured secret value (and its escaped forms: repr, JSON, URL-quoted) is replaced by
 ``***`` in the message, its arguments, the exception text and stack, and in every JSON field, before
-the line is written. Only the entry point calls :func:`setup_logging`; modules use
-``logging.getLogger(__name__)``.
+the line is written. A secret that is an Azure SAS token (``sv=…&sig=…``) is also masked value by value, each
+as configured and percent-decoded (and so URL-quoted): object_store decodes the token, splits it and sends
+each value re-encoded, so a request URI in its errors carries the values in another form and order than the
+configured string (the documented public fields, such as ``sv`` or ``spr=https``, stay: masking them would mask
+ordinary text). The status page and probes use the same :class:`Redactor` (:mod:`kafka2delta.status`). Only
+the entry point calls :func:`setup_logging`; modules use ``logging.getLogger(__name__)``.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 from typing import Any, Literal, TextIO
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 MASK = "***"
 _MIN_SECRET_LENGTH = 3  # shorter values would mask ordinary text
@@ -34,15 +38,25 @@ _WHERE = re.compile(r"(?<![\w.-])([A-Za-z0-9._-]+)\[(\d+)\](?:@(\d+)(?![\d.]))?"
 _MESSAGE_FIELDS = ("topic", "partition", "offset")
 
 
+# A SAS token's parameters that are not secret (version, services, resource types, permissions, times, IP range,
+# protocol …): values such as "https", "sco" or a date would mask ordinary text. The signature and any other
+# parameter are masked.
+_SAS_PUBLIC_FIELDS = frozenset(
+    {"sv", "ss", "srt", "sp", "se", "st", "sip", "spr", "sr", "sdd", "skt", "ske", "sks", "skv"}
+    | {"rscc", "rscd", "rsce", "rscl", "rsct"}
+)
+_QUERY_KEY = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
+
+
 class Redactor:
     """Replaces secret values (and the forms they take once escaped) in text."""
 
     def __init__(self, secrets: Sequence[str]) -> None:
         forms: set[str] = set()
-        for secret in secrets:
-            if len(secret) < _MIN_SECRET_LENGTH:
+        for value in (part for secret in secrets for part in (secret, *sas_values(secret))):
+            if len(value) < _MIN_SECRET_LENGTH:
                 continue
-            forms.update({secret, repr(secret)[1:-1], json.dumps(secret)[1:-1], quote(secret, safe="")})
+            forms.update({value, repr(value)[1:-1], json.dumps(value)[1:-1], quote(value, safe="")})
         # Longest first: a secret containing another is replaced whole.
         self._forms = sorted((f for f in forms if len(f) >= _MIN_SECRET_LENGTH), key=len, reverse=True)
 
@@ -54,6 +68,24 @@ class Redactor:
             if form in text:
                 text = text.replace(form, MASK)
         return text
+
+
+def sas_values(secret: str) -> set[str]:
+    """The values of a secret that is an Azure SAS token (``[?]sv=…&sig=…``: only ``key=value`` parameters, one
+    of them ``sig``), each as configured and percent-decoded, its public parameters left out; nothing for any
+    other secret. The token is read as configured and, as object_store reads it, percent-decoded whole."""
+    values: set[str] = set()
+    for text in dict.fromkeys((secret, unquote(secret))):
+        parts = [part.strip() for part in text.strip().lstrip("?").split("&") if part.strip()]
+        pairs = [part.split("=", 1) for part in parts]
+        if any(len(pair) != 2 or not _QUERY_KEY.fullmatch(pair[0]) for pair in pairs):
+            continue
+        if "sig" not in {key.lower() for key, _ in pairs}:
+            continue
+        for key, value in pairs:
+            if key.lower() not in _SAS_PUBLIC_FIELDS:
+                values.update({value, unquote(value)})
+    return values
 
 
 class RedactSecrets(logging.Filter):
@@ -138,11 +170,12 @@ def _message_fields(record: logging.LogRecord, message: str) -> dict[str, Any]:
 def setup_logging(
     level: str = "INFO",
     format: Literal["plain", "json"] = "plain",
-    secrets: Sequence[str] = (),
+    secrets: Sequence[str] | Redactor = (),
     stream: TextIO | None = None,
 ) -> logging.Handler:
-    """One handler on the root logger (replacing any), writing ``format`` lines to ``stream`` (stderr)."""
-    redact = Redactor(secrets)
+    """One handler on the root logger (replacing any), writing ``format`` lines to ``stream`` (stderr), masking
+    ``secrets`` (or what a :class:`Redactor` masks: the entry point's, which the status page uses too)."""
+    redact = secrets if isinstance(secrets, Redactor) else Redactor(secrets)
     handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
     handler.setFormatter(JsonFormatter(redact) if format == "json" else PlainFormatter(redact))
     handler.addFilter(RedactSecrets(redact))

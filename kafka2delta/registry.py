@@ -14,6 +14,8 @@ need no client library). Errors are translated here, once:
   retries; offsets do not advance).
 * HTTP 401/403 → :class:`FatalError` naming ``schema_registry.username``; other 4xx and an answer
   that is not a Confluent schema document → :class:`FatalError` naming ``schema_registry.url``.
+* A URL urllib cannot read (a port that is not a number from 0 to 65535, an unclosed IPv6 bracket) →
+  :class:`ConfigError` naming ``schema_registry.url``, when the client is built.
 
 Schemas are cached by id (LRU, ``cache_size`` entries, never expiring: an id never changes meaning).
 The password never appears in a message: errors name the URL without user info.
@@ -35,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple, cast
 
 from kafka2delta.config import SchemaRegistryConfig
-from kafka2delta.errors import FatalError, MessageError, RetryableError
+from kafka2delta.errors import ConfigError, FatalError, MessageError, RetryableError
 
 NEGATIVE_TTL_S = 60.0
 """How long "this id is not in the registry" is believed before asking again (it may be registered
@@ -67,15 +69,20 @@ class SchemaRegistry:
     """A small caching client of the Confluent schema-registry REST API (read-only)."""
 
     def __init__(self, config: SchemaRegistryConfig, *, clock: Callable[[], float] = time.monotonic) -> None:
-        parts = urllib.parse.urlsplit(config.url)
+        try:
+            parts = urllib.parse.urlsplit(config.url)
+        except ValueError as exc:  # an unclosed IPv6 bracket; the text names no part of the URL
+            raise ConfigError("schema_registry.url", f"not a URL: {exc}") from exc
         username, password = config.username, config.password
         if parts.username is not None and not username:
             # Credentials in the URL (http://user:pass@host) work too, but never show in messages.
             username = urllib.parse.unquote(parts.username)
             password = urllib.parse.unquote(parts.password or "")
-        netloc = parts.hostname or ""
-        if parts.port is not None:
-            netloc = f"{netloc}:{parts.port}"
+        netloc = parts.netloc.rsplit("@", 1)[-1]  # host[:port] as written: an IPv6 address keeps its brackets
+        try:
+            _ = parts.port  # urllib checks the port when it is read
+        except ValueError as exc:
+            raise ConfigError("schema_registry.url", f"bad port in {netloc!r}: {exc}") from exc
         self.url = urllib.parse.urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), "", ""))
         """The base URL without user info: safe to print."""
         self._username = username

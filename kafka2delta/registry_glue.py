@@ -7,16 +7,22 @@ shared profile, container or instance role); the region from ``schema_registry.r
 
 Errors are translated here, once, as :mod:`kafka2delta.registry` does for the Confluent API:
 
-* ``EntityNotFoundException`` (and ``InvalidInputException``: Glue refusing the id itself) →
-  :class:`MessageError` (stage ``deserialize``): the message names a schema version the registry does not
-  have, so it is a dead letter. The answer is remembered for :data:`NEGATIVE_TTL_S` seconds so a burst of
-  messages naming an unknown version costs one request.
+* ``EntityNotFoundException`` → :class:`MessageError` (stage ``deserialize``): the message names a schema
+  version the registry does not have, so it is a dead letter. The answer is remembered for
+  :data:`NEGATIVE_TTL_S` seconds so a burst of messages naming an unknown version costs one request.
 * Connection refused, timeouts, a dropped connection, throttling and HTTP 5xx (``InternalServiceException``
   …) → :class:`RetryableError` (the daemon backs off and retries; offsets do not advance). botocore's own
   retries are off: the daemon's backoff is the one retry policy.
-* Refused or missing credentials (``AccessDeniedException``, ``UnrecognizedClientException``, an expired
-  token, none found) → :class:`FatalError`; any other Glue error → :class:`FatalError` naming
-  ``schema_registry.type`` with Glue's error code.
+* No credentials found, or the credential provider not answering (instance metadata, a Pod Identity agent
+  still starting) → :class:`RetryableError`, with a new client at the next attempt: they may come, and the
+  retry budget (``ingest.max_commit_retries``) bounds the wait, after which the daemon stops.
+* Refused credentials (``AccessDeniedException``, ``UnrecognizedClientException``, an expired token) →
+  :class:`FatalError`; any other Glue error → :class:`FatalError` naming ``schema_registry.type`` with Glue's
+  error code. ``InvalidInputException`` among them: the id sent is always a well-formed UUID (any 16 bytes of
+  a message's header are one), so Glue refusing the request is not one message's fault, and a dead letter
+  per message would empty the topic into the dead letters over a problem of the setup.
+* Building the client: no region, or one botocore refuses (``eu west 1``) → :class:`ConfigError` naming
+  ``schema_registry.region``; an endpoint it refuses → ``schema_registry.endpoint_url``.
 
 Schemas are cached by version id (LRU, ``cache_size`` entries, never expiring: a schema version never
 changes its definition).
@@ -189,7 +195,8 @@ _SESSION_LOCK = threading.Lock()
 
 def _glue_client(config: SchemaRegistryConfig) -> Any:
     """A boto3 Glue client for ``config``. botocore resolves the credentials here (instance metadata, a
-    container credentials endpoint …): that failing is a RetryableError, a bad region or endpoint a ConfigError."""
+    container credentials endpoint …): that failing is a RetryableError, a bad region or endpoint a ConfigError
+    naming it."""
     try:
         import boto3
         import botocore.config
@@ -218,6 +225,8 @@ def _glue_client(config: SchemaRegistryConfig) -> Any:
         raise ConfigError(
             "schema_registry.region", "no AWS region: set it here or in the environment (AWS_REGION)"
         ) from exc
+    except botocore.exceptions.InvalidRegionError as exc:  # a ValueError too: before the endpoint's clause
+        raise ConfigError("schema_registry.region", f"boto3 refused the region: {exc}") from exc
     except (botocore.exceptions.CredentialRetrievalError, botocore.exceptions.ConnectionError) as exc:
         raise RetryableError(f"AWS credentials for the Glue schema registry could not be fetched: {exc}") from exc
     except (ValueError, botocore.exceptions.BotoCoreError) as exc:

@@ -38,6 +38,7 @@ from kafka2delta.committer import PendingCommit
 from kafka2delta.config import Config
 from kafka2delta.edges import DeadLetterProducer, DeadLetterStore, Source
 from kafka2delta.errors import CommitConflict, RetryableError, RowGroupRefused, SchemaChanged, TableNotCreated
+from kafka2delta.logs import Redactor
 from kafka2delta.metrics import Metrics
 from kafka2delta.offsets import LogicalOffset, start_position
 from kafka2delta.positions import Positions
@@ -74,6 +75,7 @@ class Ingestor:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
         wall_clock: Callable[[], float] = time.time,
+        redact: Callable[[str], str] | None = None,
     ) -> None:
         if config.routing.expression and router is None:
             raise ValueError("[routing] expression is set: the Ingestor needs its router")
@@ -117,6 +119,7 @@ class Ingestor:
             liveness_window_s(ingest.allowed_latency_s, config.kafka.consume_timeout_s),
             clock=clock,
             wall_clock=wall_clock,
+            redact=redact if redact is not None else Redactor(config.secret_values()),  # cli.py gives the logs'
         )
         self._board.table_reachable()
         self._retrier = Retrier(

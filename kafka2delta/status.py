@@ -14,6 +14,11 @@ ticks) and the server threads only read immutable :class:`Status` snapshots from
 - ``/``: a self-contained HTML page (no script, no external asset; it reloads itself every 5 s):
   per partition the committed offset, lag and last commit; the recent commits; dead letters by stage.
 - ``/status.json``: the same data as JSON.
+
+Every text a snapshot holds (an error's text, a failure, URIs, names) goes through the board's ``redact``: the
+entry point gives it the log redactor (:class:`kafka2delta.logs.Redactor`), so a configured secret an error
+carries (a request URI with a SAS token's signature) is ``***`` on the page, in the JSON and in the probes'
+reasons, as in the logs.
 """
 
 from __future__ import annotations
@@ -29,17 +34,20 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from typing import Any, TypeVar, cast
+from urllib.parse import urlsplit
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
 from kafka2delta import __version__
+from kafka2delta.config import without_credentials
 from kafka2delta.errors import FatalError
 from kafka2delta.records import TopicPartition
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 RECENT_COMMITS = 20
 _MIN_LIVENESS_WINDOW_S = 60.0  # above the longest retry backoff (30 s), with room for a slow flush
@@ -183,9 +191,14 @@ class _Partition:
     last_commit_time: float | None = None
 
 
+def _unchanged(text: str) -> str:
+    return text
+
+
 @dataclass
 class StatusBoard:
-    """What the loop publishes for the server threads. Every method is thread-safe and cheap."""
+    """What the loop publishes for the server threads. Every method is thread-safe and cheap. ``redact`` masks
+    secrets in every text of a :meth:`snapshot` (the stored texts stay as given: only snapshots leave the board)."""
 
     topic: str
     app_id: str
@@ -195,6 +208,7 @@ class StatusBoard:
     liveness_window_s: float
     clock: Callable[[], float] = time.monotonic
     wall_clock: Callable[[], float] = time.time
+    redact: Callable[[str], str] = _unchanged
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _started: float = 0.0
     _started_wall: float = 0.0
@@ -233,7 +247,7 @@ class StatusBoard:
 
     def table_opened(self, name: str, uri: str, version: int | None) -> None:
         with self._lock:
-            self._tables[name] = TableStatus(name, _without_password(uri), version)
+            self._tables[name] = TableStatus(name, without_credentials(uri), version)
 
     def partitions(
         self,
@@ -274,6 +288,10 @@ class StatusBoard:
                 self._dead_letters[stage] = self._dead_letters.get(stage, 0) + count
 
     def snapshot(self) -> Status:
+        status = self._snapshot()
+        return status if self.redact is _unchanged else _redacted(status, self.redact)
+
+    def _snapshot(self) -> Status:
         now = self.clock()
         with self._lock:
             partitions = tuple(
@@ -285,8 +303,8 @@ class StatusBoard:
                 topic=self.topic,
                 app_id=self.app_id,
                 group_id=self.group_id,
-                table_uri=_without_password(self.table_uri),
-                dead_letter_table_uri=_without_password(self.dead_letter_table_uri),
+                table_uri=without_credentials(self.table_uri),
+                dead_letter_table_uri=without_credentials(self.dead_letter_table_uri),
                 version=__version__,
                 started_at=self._started_wall,
                 uptime_s=now - self._started,
@@ -305,14 +323,22 @@ class StatusBoard:
             )
 
 
-def _without_password(uri: str) -> str:
-    """A URI with any ``user:password@`` password masked (the page and JSON never show a secret)."""
-    parts = urlsplit(uri)
-    if parts.password is None:
-        return uri
-    netloc = parts.netloc.rsplit("@", 1)
-    user = netloc[0].split(":", 1)[0]
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc[1]}"))
+def _redacted(value: T, redact: Callable[[str], str]) -> T:
+    """``value`` with ``redact`` applied to every string in it: fields of the snapshot's dataclasses, items of its
+    tuples (topic partitions among them) and keys and values of its mappings."""
+    found: Any = value
+    if isinstance(found, str):
+        found = redact(found)
+    elif dataclasses.is_dataclass(found) and not isinstance(found, type):
+        changed = {f.name: _redacted(getattr(found, f.name), redact) for f in dataclasses.fields(found) if f.init}
+        found = dataclasses.replace(found, **changed)
+    elif isinstance(found, TopicPartition):
+        found = TopicPartition(redact(found.topic), found.partition)
+    elif isinstance(found, tuple):
+        found = tuple(_redacted(item, redact) for item in found)
+    elif isinstance(found, Mapping):
+        found = {_redacted(key, redact): _redacted(item, redact) for key, item in found.items()}
+    return cast(T, found)
 
 
 # --- rendering ---------------------------------------------------------------------------

@@ -127,3 +127,45 @@ def test_a_jobs_sigterm_stops_after_the_turn_without_a_lock_or_a_log_line_in_the
     assert code == 0
     assert "received SIGTERM: stopping after this turn" in caplog.messages
     assert "turn 1: under way" in caplog.messages
+
+
+def test_the_daemon_gives_its_status_board_the_logs_redactor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ingest`` builds one Redactor from the config's secrets: the log handler's and the loop's (its status board
+    masks the same secrets as the logs, a SAS token's signature among them)."""
+    from kafka2delta import cli
+    from kafka2delta.logs import Redactor
+
+    given: dict[str, Any] = {}
+
+    class Loop:
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            given.update(kwargs)
+
+        def run(self, until_caught_up: bool = False) -> None:
+            pass
+
+    environ = {
+        "K2D_KAFKA__BOOTSTRAP_SERVERS": "x:1",
+        "K2D_KAFKA__TOPIC": "t",
+        "K2D_TABLE__URI": str(tmp_path / "t"),
+        "K2D_TABLE__STORAGE_OPTIONS__AZURE_STORAGE_SAS_KEY": "sv=2022-11-02&sig=c2lnbmF0dXJl%2Bc2ln%3D",
+        "K2D_METRICS__PORT": "0",
+    }
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(cli, "Ingestor", Loop)
+    monkeypatch.setattr(cli, "KafkaSource", lambda *args, **kwargs: None)
+    monkeypatch.setattr(cli, "open_dead_letters", lambda *args, **kwargs: None)
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    signals = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        assert cli.main(["ingest"]) == 0
+        redact = given["redact"]
+        assert isinstance(redact, Redactor) and redact("GET /t?sig=c2lnbmF0dXJl+c2ln=") == "GET /t?sig=***"
+        assert any(getattr(f, "_redact", None) is redact for f in root.handlers[0].filters)  # the logs' own
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+        for signum, handler in signals.items():
+            signal.signal(signum, handler)

@@ -201,6 +201,43 @@ def test_missing_credentials_are_retried_with_a_new_client(glue: GlueSchemas, mo
     assert edge.schema_version(version).id == 1  # Glue's version number
 
 
+def test_glue_refusing_the_request_is_fatal_never_a_dead_letter() -> None:
+    """InvalidInputException for a well-formed version id (any 16 bytes are one) is the setup's problem: it stops
+    the daemon (exit 1) instead of dead-lettering every message, and is not remembered as a missing version."""
+    client = glue_client()
+    edge = registry(client=client)
+    with Stubber(client) as stub:
+        for _ in range(2):
+            stub.add_client_error("get_schema_version", "InvalidInputException", "said Glue", 400)
+            with pytest.raises(FatalError, match=r"^schema_registry\.type: .*InvalidInputException"):
+                edge.schema_version(UNKNOWN)
+    assert edge.requests == 2  # asked again: nothing was cached as "not in the registry"
+
+
+def test_credentials_the_provider_cannot_fetch_yet_are_retried() -> None:
+    """A credential endpoint not answering (a Pod Identity agent starting) may heal: RetryableError, as no
+    credentials found is (the retry budget then bounds the wait); refused credentials are fatal (above)."""
+    import botocore.exceptions
+
+    class NoCredentialsYet:
+        def get_schema_version(self, **kwargs: Any) -> Any:
+            raise botocore.exceptions.CredentialRetrievalError(provider="container-role", error_msg="refused")
+
+    with pytest.raises(RetryableError, match="AWS credentials could not be fetched"):
+        registry(client=NoCredentialsYet()).schema_version(UNKNOWN)
+
+
+@pytest.mark.parametrize("region", ["eu west 1", "eu-west-1/"])
+def test_a_region_botocore_refuses_is_a_config_error_naming_the_region(
+    region: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in glue_environment().items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError) as caught:
+        GlueRegistry(SchemaRegistryConfig(type="glue", region=region))
+    assert caught.value.key == "schema_registry.region" and repr(region) in caught.value.problem
+
+
 def test_an_answer_that_is_not_a_schema_is_fatal() -> None:
     client = glue_client()
     edge = registry(client=client)

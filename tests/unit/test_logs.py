@@ -13,11 +13,12 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 
 from kafka2delta.config import Config, load_config
-from kafka2delta.logs import setup_logging
+from kafka2delta.logs import Redactor, sas_values, setup_logging
 
 ROOT = Path(__file__).resolve().parents[2]
 SASL_PASSWORD = 'sasl-"pa\\ss"-9f3k'  # a quote and a backslash: its JSON and repr forms differ from it
@@ -157,3 +158,43 @@ def test_the_cli_writes_json_lines_without_secrets(tmp_path: Path) -> None:
     messages = [r["message"] for r in records]
     assert "received SIGTERM: flushing, committing and stopping" in messages
     assert "stop asked for before Kafka answered: not joining the group" in messages
+
+
+SIGNATURE = "Zk9v+YmFy/c2VjcmV0LXNpZ25hdHVyZQ=="  # base64: '+', '/' and '=' change when percent-encoded
+SAS_TOKEN = f"?sv=2022-11-02&ss=b&srt=sco&sp=rl&se=2027-01-01T00:00:00Z&spr=https&sig={quote(SIGNATURE, safe='')}"
+
+
+@pytest.mark.parametrize("configured", [SAS_TOKEN, SAS_TOKEN.replace(quote(SIGNATURE, safe=""), SIGNATURE)])
+def test_a_sas_tokens_signature_is_masked_in_any_order_and_encoding(configured: str) -> None:
+    """object_store decodes the SAS token, splits it and re-encodes each value into its request URIs: its errors
+    show the parameters in another order than the configured string, the signature encoded or not."""
+    redact = Redactor([configured])
+    uri = "https://acct.blob.core.windows.net/c/t/_delta_log/00000000000000000007.json"
+    encoded = f"{uri}?sp=rl&sig={quote(SIGNATURE, safe='')}&sv=2022-11-02 (HTTP 403)"
+    decoded = f"{uri}?sig={SIGNATURE}&sv=2022-11-02"
+    assert redact(encoded) == f"{uri}?sp=rl&sig=***&sv=2022-11-02 (HTTP 403)"
+    assert redact(decoded) == f"{uri}?sig=***&sv=2022-11-02"
+    assert redact(f"{configured!r}") == "'***'"  # the whole token, as before
+    # Its public parameters are ordinary text elsewhere: they stay.
+    assert redact("https://registry:8081 sco 2022-11-02 rl") == "https://registry:8081 sco 2022-11-02 rl"
+
+
+def test_only_a_sas_token_is_split() -> None:
+    """A secret with & and = but no signature is masked whole only: its parts may be ordinary words."""
+    assert sas_values("user=ingest&scope=orders") == set()
+    assert sas_values("hunter2-pw") == set() and sas_values("a=b=c") == set()
+    assert Redactor(["user=ingest&scope=orders"])("orders from ingest") == "orders from ingest"
+    assert sas_values(f"sv=2022-11-02&sig={quote(SIGNATURE, safe='')}&skoid=0f3c") == {
+        quote(SIGNATURE, safe=""),
+        SIGNATURE,
+        "0f3c",
+    }
+
+
+def test_the_cli_redactor_is_the_logs_redactor(restore_logging: None) -> None:
+    """setup_logging takes the entry point's Redactor (the status page's too) instead of building its own."""
+    redact, stream = Redactor([SAS_TOKEN]), io.StringIO()
+    handler = setup_logging("INFO", "plain", redact, stream)
+    assert any(getattr(f, "_redact", None) is redact for f in handler.filters)
+    logging.getLogger("kafka2delta.writer").warning("refused: %s", f"GET /c?sig={quote(SIGNATURE, safe='')}")
+    assert stream.getvalue().rstrip().endswith("refused: GET /c?sig=***")

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from kafka2delta.config import SchemaRegistryConfig
-from kafka2delta.errors import FatalError, MessageError, RetryableError
+from kafka2delta.errors import ConfigError, FatalError, MessageError, RetryableError
 from kafka2delta.registry import NEGATIVE_TTL_S, RegisteredSchema, SchemaReference, SchemaRegistry
 from tests.support.registry import FakeRegistry, FakeRegistryHandler
 
@@ -226,3 +226,25 @@ def test_other_client_errors_are_fatal(fake_registry: FakeRegistry) -> None:
     fake_registry.state.status = 422
     with pytest.raises(FatalError, match="HTTP 422"):
         client(fake_registry.url).schema(1)
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("http://[::1]:8081", "http://[::1]:8081"),
+        (f"http://bob:{PASSWORD}@[fd00::2a]:8081/apis/ccompat/v7/", "http://[fd00::2a]:8081/apis/ccompat/v7"),
+        ("https://[::1]/", "https://[::1]"),
+        ("http://registry:8081/", "http://registry:8081"),
+    ],
+)
+def test_an_ipv6_registry_keeps_its_brackets(url: str, expected: str) -> None:
+    """Without its brackets ``https://[::1]`` would be sent to host ``:``, port 1 (``http.client`` splits at the last
+    colon), and the base URL is no URL ``urlsplit`` can read a port from."""
+    assert client(url).url == expected
+
+
+@pytest.mark.parametrize("url", ["http://registry:80a1", f"http://bob:{PASSWORD}@registry:99999/", "http://[::1"])
+def test_a_url_urllib_cannot_read_is_a_config_error_naming_the_key(url: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        client(url)
+    assert caught.value.key == "schema_registry.url" and PASSWORD not in str(caught.value)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,12 +16,16 @@ from deltalake import DeltaTable, Field
 from deltalake.schema import PrimitiveType
 from prometheus_client import generate_latest
 
+from kafka2delta.config import FormatConfig, load_config
 from kafka2delta.dead_letters import DeadLetterTable
 from kafka2delta.errors import FatalError, RetryableError
 from kafka2delta.metrics import Metrics
 from kafka2delta.offsets import LogicalOffset, TxnIds
+from kafka2delta.pipeline import Pipeline
 from kafka2delta.records import ConsumedBatch, DeadLetter, OffsetRange, PartitionMessages, TopicPartition
 from kafka2delta.runner import Ingestor
+from kafka2delta.serialization import build_deserializer
+from kafka2delta.tables import OpenedTable
 from kafka2delta.writer import DeltaWriter
 from tests.support.runner import SCHEMA, FakeSource, LogSource, RecordingDeadLetters, batch, make
 
@@ -348,3 +353,46 @@ def test_a_stop_request_takes_no_lock_and_logs_nothing_and_the_loop_says_it(
     assert "received SIGTERM: flushing, committing and stopping" in caplog.messages
     assert DeltaTable(str(tmp_path / "t")).transaction_version("t-0") == 9  # the batch in hand was committed
     assert ingestor.status().state == "stopped"
+
+
+def test_the_status_board_masks_the_configured_secrets_an_error_carries(tmp_path: Path) -> None:
+    """object_store's errors carry request URIs; with a SAS token their signature is in the query, re-encoded.
+    /readyz (the table's error) and the failure /healthz shows are masked with the config's secrets, as the logs
+    are (the Ingestor makes the Redactor itself when the entry point gives it none)."""
+    signature = "Zk9v+YmFy/c2VjcmV0LXNpZ25hdHVyZQ=="
+    encoded = urllib.parse.quote(signature, safe="")
+    config = load_config(
+        None,
+        environ={
+            "K2D_KAFKA__BOOTSTRAP_SERVERS": "unused:1",
+            "K2D_KAFKA__TOPIC": "t",
+            "K2D_TABLE__URI": str(tmp_path / "t"),
+            "K2D_TABLE__STORAGE_OPTIONS__AZURE_STORAGE_SAS_KEY": f"sv=2022-11-02&sp=racwl&sig={encoded}",
+            "K2D_INGEST__MAX_COMMIT_RETRIES": "1",
+        },
+    )
+    uri = f"https://a.blob.core.windows.net/c/t/_delta_log/00000000000000000000.json?sig={encoded}&sv=2022-11-02"
+
+    class RefusingWriter(FlakyWriter):
+        def commit(self, *args: Any) -> int:
+            raise RetryableError(f"PUT {uri}: 403 Forbidden")
+
+    writer = RefusingWriter(DeltaWriter.open(str(tmp_path / "t"), {}, TXN.main, "snappy", 10, SCHEMA))
+    pipeline = Pipeline(build_deserializer(FormatConfig(), None, "t"), SCHEMA)
+    ingestor = Ingestor(
+        config,
+        source=FakeSource([batch(0, 0, 10)], [0], high=10),
+        tables=lambda spec: OpenedTable(writer=writer, pipeline=pipeline),
+        dead_letters=RecordingDeadLetters(tmp_path),
+        metrics=Metrics(),
+        sleep=lambda seconds: None,
+    )
+    with pytest.raises(FatalError) as raised:
+        ingestor.run(until_caught_up=True)
+    assert encoded in str(raised.value)  # the exception is not the board's: the log redactor masks it
+
+    status = ingestor.status()
+    shown = json.dumps(status.to_json())
+    assert status.state == "failed" and "sig=***&sv=2022-11-02" in (status.table_error or "")
+    assert status.failure is not None and "sig=***" in status.failure and "sig=***" in status.liveness()[1]
+    assert encoded not in shown and signature not in shown and "c2VjcmV0LXNpZ25hdHVyZQ" not in shown

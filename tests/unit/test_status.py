@@ -10,11 +10,13 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 from prometheus_client import CollectorRegistry, Counter
 
 from kafka2delta.errors import FatalError
+from kafka2delta.logs import Redactor
 from kafka2delta.offsets import TxnIds
 from kafka2delta.records import ConsumedBatch, PartitionMessages, TopicPartition
 from kafka2delta.status import CommitRecord, Status, StatusBoard, StatusServer, liveness_window_s, render_page
@@ -244,3 +246,42 @@ def test_a_loop_run_feeds_the_snapshot_and_the_metrics(tmp_path: Path) -> None:
     assert sample(metrics, "kafka2delta_last_committed_version", table=table) == status.table_version
     assert sample(metrics, "kafka2delta_file_size_bytes_count", table=table) == 2
     assert sample(metrics, "kafka2delta_buffered_bytes") == 0
+
+
+def test_every_text_the_board_serves_is_redacted() -> None:
+    """The board's redact (the log redactor, in the daemon) masks what /readyz, /healthz, /status.json and the
+    page show: a table error or failure carrying a SAS signature, and any name or URI that holds a secret."""
+    signature = "Zk9v+YmFy/c2VjcmV0LXNpZ25hdHVyZQ=="
+    encoded = quote(signature, safe="")
+    clock = Clock()
+    status_board = StatusBoard(
+        "events",
+        "app",
+        "group",
+        f"az://c/t?sig={encoded}",
+        "/data/table_dead_letters",
+        liveness_window_s(5.0, 0.2),
+        clock=clock,
+        redact=Redactor([f"sv=2022-11-02&sig={encoded}", "hunter2-pw"]),
+    )
+    status_board.partitions({E0: 9}, {E0: 10}, {}, 0, {E0: "hunter2-pw-table"})
+    status_board.table_opened("hunter2-pw-table", f"az://c/t?sig={signature}", 3)
+    offsets = {TopicPartition("hunter2-pw", 0): (0, 9)}
+    status_board.committed(CommitRecord(4, 1_800_000_000.0, "hunter2-pw", offsets, 10, 0, 0.1, "hunter2-pw"), {})
+    status_board.table_unreachable(f"commit (latency): PUT https://a.blob.core.windows.net/c/t?sig={encoded}&sv=1")
+    server = StatusServer("127.0.0.1", 0, CollectorRegistry(), status_board.snapshot).start()
+    try:
+        base = f"http://127.0.0.1:{server.port}"
+        code, _, body = get(f"{base}/readyz")
+        assert code == 503 and "?sig=***&sv=1" in json.loads(body)["reason"]
+        status_board.set_state("failed", f"FatalError: GET /c?sig={signature} refused")
+        code, _, body = get(f"{base}/healthz")
+        assert code == 503 and json.loads(body)["reason"] == "the loop failed: FatalError: GET /c?sig=*** refused"
+        shown = [get(f"{base}{path}")[2] for path in ("/readyz", "/healthz", "/status.json", "/")]
+    finally:
+        server.close()
+    for text in shown:
+        assert "c2VjcmV0LXNpZ25hdHVyZQ" not in text and "hunter2" not in text, text
+    data = json.loads(shown[2])
+    assert data["table_uri"] == "az://c/t?sig=***" and data["tables"][0]["name"] == "***-table"
+    assert data["commits"][0]["topics"] == {"***": {"0": [0, 9]}} and data["commits"][0]["reason"] == "***"
