@@ -32,6 +32,9 @@ class PartitionState:
     """The last offset taken, committed or buffered (None: nothing yet; the start is auto_offset_reset)."""
     high_watermark: int
     """The last known high watermark (the broker's at assignment, then the consumer's cached one)."""
+    start: int = 0
+    """Where the partition began reading when no table held any of it (``auto_offset_reset``'s low or high
+    watermark): the lag counts from here until the first commit, not from offset 0."""
     recorded_dead_letters: set[int] = field(default_factory=set)
     """Offsets after the home table's version that are dead letters already (a crash came between the
     dead-letter commit and the home table's): final, never processed again; they only advance the txns."""
@@ -51,4 +54,4 @@ class PartitionState:
 
     def lag(self) -> int:
         """Messages the broker holds beyond what is committed; never negative (a cached watermark may trail)."""
-        return max(0, self.high_watermark - (self.committed + 1 if self.committed is not None else 0))
+        return max(0, self.high_watermark - (self.committed + 1 if self.committed is not None else self.start))

@@ -64,6 +64,13 @@ class LogicalOffset(Enum):
     LATEST = "latest"
 
 
+def first_offset(offset: int | LogicalOffset, low: int, high: int) -> int:
+    """The offset a start position reads first: ``earliest`` the low watermark, ``latest`` the high one."""
+    if isinstance(offset, int):
+        return offset
+    return low if offset is LogicalOffset.EARLIEST else high
+
+
 @dataclass(frozen=True)
 class StartDecision:
     """Where a newly assigned partition starts, and why."""

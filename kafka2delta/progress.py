@@ -134,6 +134,7 @@ class Progress:
             {tp: full - buffers.room(tp) for tp in partitions if tp in buffers},
             buffers.buffered_bytes,
             tables,
+            lags,
         )
         return lags
 

@@ -40,7 +40,7 @@ from kafka2delta.edges import DeadLetterProducer, DeadLetterStore, Source
 from kafka2delta.errors import CommitConflict, RetryableError, RowGroupRefused, SchemaChanged, TableNotCreated
 from kafka2delta.logs import Redactor
 from kafka2delta.metrics import Metrics
-from kafka2delta.offsets import LogicalOffset, start_position
+from kafka2delta.offsets import LogicalOffset, first_offset, start_position
 from kafka2delta.positions import Positions
 from kafka2delta.progress import Progress
 from kafka2delta.records import ConsumedBatch, PartitionMessages, ProcessedPartition, TopicPartition
@@ -586,6 +586,7 @@ class Ingestor:
         logger.error("%s", decision.reason)
         if isinstance(decision.offset, int):
             state.position = decision.offset - 1
+        state.start = first_offset(decision.offset, low, high)
         self._resynced.add(tp)
         self._source.seek(tp, decision.offset)
 
@@ -637,6 +638,7 @@ class Ingestor:
                     )
                 state.position = decision.offset - 1 if isinstance(decision.offset, int) else None
                 state.high_watermark = high
+                state.start = first_offset(decision.offset, low, high)
                 self._partitions[tp] = state
                 self._targets.setdefault(tp, high)
                 starts[tp] = decision.offset

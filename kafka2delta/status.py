@@ -256,8 +256,11 @@ class StatusBoard:
         buffered: Mapping[TopicPartition, int],
         buffered_bytes: int,
         tables: Mapping[TopicPartition, str] | None = None,
+        lags: Mapping[TopicPartition, int] | None = None,
     ) -> None:
-        """The assigned partitions now: their committed offsets, known high watermarks, buffers and tables."""
+        """The assigned partitions now: their committed offsets, known high watermarks, buffers and tables, and
+        their lags (the loop's, which counts from where reading began until the first commit; by default from
+        the committed offset, else from offset 0)."""
         with self._lock:
             for gone in set(self._partitions) - set(committed):
                 del self._partitions[gone]
@@ -266,7 +269,10 @@ class StatusBoard:
                 entry.committed_offset = offset
                 high = highs.get(tp)
                 entry.high_watermark = high
-                entry.lag = None if high is None else max(0, high - (offset + 1 if offset is not None else 0))
+                if lags is not None and tp in lags:
+                    entry.lag = lags[tp]
+                else:
+                    entry.lag = None if high is None else max(0, high - (offset + 1 if offset is not None else 0))
                 entry.buffered_messages = buffered.get(tp, 0)
                 entry.table = (tables or {}).get(tp, "")
             self._buffered_messages = sum(buffered.values())

@@ -396,3 +396,22 @@ def test_the_status_board_masks_the_configured_secrets_an_error_carries(tmp_path
     assert status.state == "failed" and "sig=***&sv=2022-11-02" in (status.table_error or "")
     assert status.failure is not None and "sig=***" in status.failure and "sig=***" in status.liveness()[1]
     assert encoded not in shown and signature not in shown and "c2VjcmV0LXNpZ25hdHVyZQ" not in shown
+
+
+class RetainedSource(FakeSource):
+    """A partition whose first 90 offsets retention deleted: the low watermark is 90."""
+
+    def watermarks(self, tp: TopicPartition, cached: bool = False) -> tuple[int, int]:
+        return 90, self.high
+
+
+def test_lag_before_the_first_commit_counts_from_where_reading_began(tmp_path: Path) -> None:
+    # Nothing committed yet: the lag is what lies between the start (earliest: the low watermark) and the high
+    # watermark, not the high watermark itself (that reported 100 here, and NoCommit alerts on an idle topic).
+    source = RetainedSource([], [0], high=100)
+    writer = DeltaWriter.open(str(tmp_path / "t"), {}, TXN.main, "snappy", 10, SCHEMA)
+    ingestor, metrics = make(tmp_path, source, writer, RecordingDeadLetters(tmp_path))
+    ingestor.run(until_caught_up=True)
+    assert source.starts == {0: LogicalOffset.EARLIEST}
+    assert [p.lag for p in ingestor.status().partitions] == [10]
+    assert metrics.registry.get_sample_value("kafka2delta_consumer_lag", {"topic": "t", "partition": "0"}) == 10
