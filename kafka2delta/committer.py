@@ -10,6 +10,11 @@ A :class:`PendingCommit` remembers what an attempt already did, so a retry never
 records a dead letter twice. The outcome of a failed attempt is an exception the loop handles:
 :class:`CommitConflict` (another writer moved a txn), :class:`SchemaChanged` (another writer changed
 the schema) or :class:`RetryableError` (nothing happened, or the log says so).
+
+Dead letters are counted (``messages_dead_lettered_total``) once the main commit covering them lands, not when
+their own commit does: a partition dropped after it (a conflict, a schema change) is read again, and the replay
+takes its recorded letters as final and counts them as skips (``dead_letter_recorded``). Letters another process
+recorded first (a zombie, inside an older window) are not recorded again, and are counted as such skips too.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from kafka2delta import faults
 from kafka2delta.assignment import PartitionState
 from kafka2delta.changes import ChangeOptions, last_changes, last_changes_of
 from kafka2delta.edges import DeadLetterProducer, DeadLetterStore, TableWriter
-from kafka2delta.errors import CommitConflict, RetryableError, RowsRejected, SchemaChanged
+from kafka2delta.errors import CommitConflict, RetryableError, RowsRejected, SchemaChanged, TableNotCreated
 from kafka2delta.metrics import Metrics
 from kafka2delta.pipeline import Pipeline
 from kafka2delta.records import DeadLetter, OffsetRange, TopicPartition, payload_json
@@ -51,18 +56,30 @@ class PendingCommit:
 
     buffers: dict[TopicPartition, PartitionBuffer]
     files: dict[TopicPartition, list[AddAction]] = field(default_factory=dict)
-    letters_recorded: set[TopicPartition] = field(default_factory=set)
+    letters: dict[TopicPartition, list[DeadLetter]] = field(default_factory=dict)
+    """By partition, the dead letters this flush recorded (a partition is here once its dead-letter commit landed)."""
+    letters_found: dict[TopicPartition, list[DeadLetter]] = field(default_factory=dict)
+    """By partition, the dead letters found recorded already by another writer (a zombie), not recorded again."""
+    letters_sent: dict[TopicPartition, set[int]] = field(default_factory=dict)
+    """The offsets of the letters a failed attempt sent to the dead-letter table (it may have landed)."""
     letters_produced: bool = False
     schema_checked: bool = False
 
     def drop(self, tp: TopicPartition) -> PartitionBuffer | None:
+        """Forget ``tp``: its data will be read again (its recorded dead letters then count as skips)."""
         self.files.pop(tp, None)
-        self.letters_recorded.discard(tp)
+        self.letters.pop(tp, None)
+        self.letters_found.pop(tp, None)
+        self.letters_sent.pop(tp, None)
         return self.buffers.pop(tp, None)
 
     def actions(self) -> list[AddAction]:
         """The files of every partition still pending."""
         return [action for actions in self.files.values() for action in actions]
+
+    def recorded_letters(self) -> list[DeadLetter]:
+        """The dead letters this flush recorded, of the partitions still pending."""
+        return [letter for tp, letters in self.letters.items() if tp in self.buffers for letter in letters]
 
 
 class Committer:
@@ -103,8 +120,19 @@ class Committer:
         """Steps 1-3 for ``pending``; returns the table version. What an earlier attempt did is not done again.
 
         ``partitions`` holds the txn versions the batch started from (read) and, once the dead letters
-        are committed, their new dead-letter txn versions (written).
+        are committed, their new dead-letter txn versions (written). The dead letters are counted once the
+        main commit lands (or when the table cannot be created yet: they are final then, the partitions' offsets
+        being committed with their first rows).
         """
+        try:
+            version = self._commit(pending, partitions)
+        except TableNotCreated:
+            self._count_dead_letters(pending)
+            raise
+        self._count_dead_letters(pending)
+        return version
+
+    def _commit(self, pending: PendingCommit, partitions: Mapping[TopicPartition, PartitionState]) -> int:
         if not pending.schema_checked:
             self._check_schema()
             pending.schema_checked = True
@@ -127,7 +155,7 @@ class Committer:
         ranges = {tp: OffsetRange(b.first_offset, b.last_offset) for tp, b in taken.items()}
         metadata = self._metadata(ranges)
         metadata["rows"] = sum(b.rows for b in taken.values())
-        metadata["dead_letters"] = sum(len(b.dead_letters) for b in taken.values())
+        metadata["dead_letters"] = len(pending.recorded_letters())
         expected = {p: partitions[p].tables[self.uri] for p in taken}
         # A txn never moves back (a lane behind its table's version would otherwise undo later commits).
         versions = {p: max(r.last, _or_minus_one(expected[p])) for p, r in ranges.items()}
@@ -289,40 +317,47 @@ class Committer:
 
     def _commit_dead_letters(self, pending: PendingCommit, partitions: Mapping[TopicPartition, PartitionState]) -> None:
         """The dead letters of the pending partitions, with their own txns, before the main commit."""
-        letters = {
-            p: b.dead_letters
-            for p, b in pending.buffers.items()
-            if b.dead_letters and p not in pending.letters_recorded
-        }
+        letters = {p: b.dead_letters for p, b in pending.buffers.items() if b.dead_letters and p not in pending.letters}
         if not letters:
             return
-        flat = [letter for batch in letters.values() for letter in batch]
-        if self._dead_letter_topic is not None and not pending.letters_produced:
-            self._dead_letter_topic.produce(flat)  # at least once: before the table commit
-            pending.letters_produced = True
         expected = {p: partitions[p].dead_letters_committed for p in letters}
         # Normally the batch's last offset; a replay that records inside an older window never lowers it.
         versions = {p: max(pending.buffers[p].last_offset, _or_minus_one(expected[p])) for p in letters}
         # Inside an older window the txn does not move, so it cannot tell whether an ambiguous commit landed, nor
         # whether a zombie already recorded a letter there (found by review): for letters at or below the txn,
         # the table itself is asked (before, to skip what landed; after, where the txn stays, to confirm).
+        landed_ours: dict[TopicPartition, list[DeadLetter]] = {}
+        found: dict[TopicPartition, list[DeadLetter]] = {}
         for partition, batch in letters.items():
             window = _or_minus_one(expected[partition])
             landed = self._recorded_among(partition, [letter for letter in batch if letter.offset <= window])
+            # What an earlier attempt of this flush sent is ours (that commit landed, its outcome was lost); the
+            # rest another writer recorded (found by review: counted as ours, a zombie's letters counted twice).
+            sent = pending.letters_sent.get(partition, set())
+            landed_ours[partition] = [letter for letter in batch if letter.offset in landed and letter.offset in sent]
+            found[partition] = [letter for letter in batch if letter.offset in landed and letter.offset not in sent]
             letters[partition] = [letter for letter in batch if letter.offset not in landed]
+        recording = [letter for batch in letters.values() for letter in batch]
+        if self._dead_letter_topic is not None and not pending.letters_produced:
+            self._dead_letter_topic.produce(recording)  # at least once: before the table commit
+            pending.letters_produced = True
         unmoved = [p for p in letters if versions[p] == expected[p]]
         metadata = self._metadata(
             {tp: OffsetRange(pending.buffers[tp].first_offset, pending.buffers[tp].last_offset) for tp in letters}
         )
-        metadata["dead_letters"] = len(flat)
+        metadata["dead_letters"] = len(recording)  # this commit's own: not those found recorded already
+        for partition, batch in letters.items():
+            pending.letters_sent.setdefault(partition, set()).update(letter.offset for letter in batch)
         self._dead_letters.commit(letters, expected, versions, metadata)
         for partition in unmoved:
             if len(self._recorded_among(partition, letters[partition])) != len(letters[partition]):
                 raise RetryableError(f"dead letters of {partition} did not land in the commit")
         for partition, version in versions.items():
             partitions[partition].dead_letters_committed = version
-        pending.letters_recorded.update(letters)
-        self._report_dead_letters(flat)
+        for partition, batch in letters.items():
+            pending.letters[partition] = landed_ours[partition] + batch
+            pending.letters_found[partition] = found[partition]
+        self._log_dead_letters([letter for p in letters for letter in pending.letters[p]])
 
     def _recorded_among(self, partition: TopicPartition, letters: Sequence[DeadLetter]) -> set[int]:
         """The offsets of ``letters`` the dead-letter table holds."""
@@ -335,10 +370,18 @@ class Committer:
         )
         return offsets & found
 
-    def _report_dead_letters(self, letters: Sequence[DeadLetter]) -> None:
-        stages = Counter(letter.stage for letter in letters)
-        for (topic, stage), count in Counter((letter.topic, letter.stage) for letter in letters).items():
+    def _count_dead_letters(self, pending: PendingCommit) -> None:
+        """The main commit covering ``pending``'s dead letters landed: count them, each once (``dead_lettered``,
+        and those another writer had recorded as ``dead_letter_recorded`` skips)."""
+        counts = Counter((letter.topic, letter.stage) for letter in pending.recorded_letters())
+        for (topic, stage), count in counts.items():
             self._metrics.dead_lettered(topic, stage, count)
+        for tp, found in pending.letters_found.items():
+            if tp in pending.buffers:
+                self._metrics.skipped(tp.topic, tp.partition, "dead_letter_recorded", len(found))
+
+    def _log_dead_letters(self, letters: Sequence[DeadLetter]) -> None:
+        stages = Counter(letter.stage for letter in letters)
         for letter in letters[:_LOGGED_DEAD_LETTERS]:
             logger.warning("dead letter %s stage=%s reason=%s", letter.where, letter.stage, letter.reason)
         if len(letters) > _LOGGED_DEAD_LETTERS:

@@ -14,7 +14,7 @@ import pyarrow as pa
 
 from kafka2delta.assignment import PartitionState
 from kafka2delta.metrics import CommitStats, Metrics
-from kafka2delta.records import TopicPartition
+from kafka2delta.records import DeadLetter, TopicPartition
 from kafka2delta.status import CommitRecord, StatusBoard
 from kafka2delta.value_buffers import PartitionBuffer, ValueBuffers
 
@@ -64,11 +64,13 @@ class Progress:
         version: int,
         taken: Mapping[TopicPartition, PartitionBuffer],
         files: Sequence[AddAction],
+        dead_letters: Sequence[DeadLetter],
         flush_seconds: float,
         commit_seconds: float,
     ) -> None:
         """A flush committed ``taken`` in version ``version`` of ``table``: metrics, status board, counters,
-        log line."""
+        log line. ``dead_letters``: the ones the flush recorded (not those another writer had, nor those of a
+        partition it dropped); the committer counts them in the metrics."""
         rows = {tp: b.rows for tp, b in taken.items()}
         stamps: dict[str, list[pa.Array]] = {}
         for tp, buffer in taken.items():
@@ -85,7 +87,7 @@ class Progress:
                 row_timestamps_ms=stamps,
             ),
         )
-        letters = sum(len(b.dead_letters) for b in taken.values())
+        letters = len(dead_letters)
         filtered = sum(b.filtered for b in taken.values())
         record = CommitRecord(
             version=version,
@@ -97,7 +99,7 @@ class Progress:
             seconds=flush_seconds,
             table=table,
         )
-        self._board.committed(record, Counter(letter.stage for b in taken.values() for letter in b.dead_letters))
+        self._board.committed(record, Counter(letter.stage for letter in dead_letters))
         self.commits += 1
         self.rows += sum(rows.values())
         self.dead_letters += letters

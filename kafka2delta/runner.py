@@ -475,6 +475,7 @@ class Ingestor:
             version=version,
             taken=taken,
             files=pending.actions(),
+            dead_letters=pending.recorded_letters(),
             flush_seconds=self._clock() - started,
             commit_seconds=table.committer.commit_seconds,
         )

@@ -238,6 +238,135 @@ def test_dead_letters_recorded_before_a_crash_are_final_and_the_window_is_comple
     assert 'kafka2delta_messages_skipped_total{partition="0",reason="dead_letter_recorded",topic="t"} 2.0' in text
 
 
+def counted(metrics: Metrics, name: str, **labels: str) -> float | None:
+    return metrics.registry.get_sample_value(name, labels)
+
+
+def broken_at_7() -> list[bytes]:
+    """Offsets 0..9 of ``t``-0, ``{"id": "m<offset>"}``; 7 is broken JSON (a dead letter, stage deserialize)."""
+    log = [json.dumps({"id": f"m{o}"}).encode() for o in range(10)]
+    log[7] = b"{broken"
+    return log
+
+
+def assert_7_counted_once_as_a_skip(metrics: Metrics, ingestor: Ingestor, rows: int) -> None:
+    """7 was recorded by our dead-letter commit, then our main commit failed: the replay takes it as final. It is
+    one skip, not also a dead letter (found by review: counted when the dead-letter commit landed, then skipped)."""
+    dead = "kafka2delta_messages_dead_lettered_total"
+    assert counted(metrics, dead, topic="t", stage="deserialize") is None
+    skipped = "kafka2delta_messages_skipped_total"
+    assert counted(metrics, skipped, topic="t", partition="0", reason="dead_letter_recorded") == 1
+    assert (
+        counted(metrics, "kafka2delta_rows_written_total", topic="t", partition="0", table=ingestor.status().table_uri)
+        == rows
+    )
+    assert dict(ingestor.status().dead_letters_by_stage) == {}  # the status page counts it as our metrics do
+
+
+def test_a_dead_letter_recorded_before_a_main_commit_conflict_is_counted_once(tmp_path: Path) -> None:
+    """Our dead-letter commit records 7, then our main commit conflicts (a rival committed 0..2 meanwhile)."""
+    uri = str(tmp_path / "t")
+    ours = DeltaWriter.open(uri, {}, TXN.main, "snappy", 10, SCHEMA)
+    rival = DeltaWriter.open(uri, {}, TXN.main, "snappy", 10, SCHEMA)
+
+    class RacedWriter(FlakyWriter):
+        def commit(self, *args: Any) -> int:
+            if self.failures_left:  # after our dead-letter commit, before our first main commit
+                self.failures_left = 0
+                rows = rows_of([f"m{o}" for o in range(3)])
+                rival.commit(rival.write_files(T0, OffsetRange(0, 2), rows), {T0: None}, {T0: 2}, {})
+            return self._writer.commit(*args)
+
+    sink = RecordingDeadLetters(tmp_path)
+    ingestor, metrics = make(tmp_path, LogSource(broken_at_7()), RacedWriter(ours), sink)
+    ingestor.run(until_caught_up=True)
+
+    ids = DeltaTable(uri).to_pyarrow_table().column("id").to_pylist()
+    assert sorted(ids, key=lambda i: int(i[1:])) == [f"m{o}" for o in range(10) if o != 7]
+    assert sink.offsets() == [(0, 7)] and sink.commits == 1
+    assert_7_counted_once_as_a_skip(metrics, ingestor, rows=6)  # 3..9 but 7: 0..2 are the rival's
+
+
+def test_a_dead_letter_recorded_before_a_zombies_dead_letter_commit_is_counted_once(tmp_path: Path) -> None:
+    """Our dead-letter commit records 7, then a zombie's moves the dead-letter txn (committer's check before the
+    main commit): we resync."""
+    uri = str(tmp_path / "t")
+    writer = DeltaWriter.open(uri, {}, TXN.main, "snappy", 10, SCHEMA)
+    writer.commit(writer.write_files(T0, OffsetRange(0, 4), rows_of(["m0"])), {T0: None}, {T0: 4}, {})
+    zombie = DeadLetterTable.open(str(tmp_path / "dlq"), {}, TXN.prefix, "snappy", 10)
+
+    class RacedDeadLetters(RecordingDeadLetters):
+        def commit(self, *args: Any) -> int:
+            version = super().commit(*args)
+            if self.commits == 1:
+                zombie.commit({T0: [DeadLetter("t", 0, 11, "coerce", "zombie", b"{}")]}, {T0: 9}, {T0: 11}, {})
+            return version
+
+    sink = RacedDeadLetters(tmp_path)
+    ingestor, metrics = make(tmp_path, LogSource(broken_at_7()), writer, sink)
+    ingestor.run(until_caught_up=True)
+
+    ids = DeltaTable(uri).to_pyarrow_table().column("id").to_pylist()
+    assert sorted(ids) == ["m0", "m5", "m6", "m8", "m9"]
+    assert sink.offsets() == [(0, 7), (0, 11)]
+    assert counted(metrics, "kafka2delta_commit_conflicts_total", topic="t", partition="0", table=uri) == 1
+    assert_7_counted_once_as_a_skip(metrics, ingestor, rows=4)
+
+
+def test_a_dead_letter_recorded_before_a_schema_change_is_counted_once(tmp_path: Path) -> None:
+    """Our dead-letter commit records 7, then someone adds a column before our main commit: we refit and replay."""
+    uri = str(tmp_path / "t")
+    writer = DeltaWriter.open(uri, {}, TXN.main, "snappy", 10, SCHEMA)
+
+    class AlteredWriter(FlakyWriter):
+        def commit(self, *args: Any) -> int:
+            if self.failures_left:
+                self.failures_left = 0
+                DeltaTable(uri).alter.add_columns([Field("x", PrimitiveType("string"), nullable=True)])
+            return self._writer.commit(*args)
+
+    sink = RecordingDeadLetters(tmp_path)
+    ingestor, metrics = make(tmp_path, LogSource(broken_at_7()), AlteredWriter(writer), sink)
+    ingestor.run(until_caught_up=True)
+
+    table = DeltaTable(uri)
+    assert "x" in table.schema().to_arrow().names
+    assert sorted(table.to_pyarrow_table().column("id").to_pylist()) == sorted(f"m{o}" for o in range(10) if o != 7)
+    assert sink.offsets() == [(0, 7)]
+    assert counted(metrics, "kafka2delta_schema_changes_total", table=uri) == 1
+    assert_7_counted_once_as_a_skip(metrics, ingestor, rows=9)
+
+
+def test_a_dead_letter_commit_whose_outcome_was_lost_is_counted_once_by_the_retry(tmp_path: Path) -> None:
+    """Inside an older window (dead-letter txn 9, main 4) our dead-letter commit of 7 lands but reports a storage
+    error: the retry finds 7 recorded, by itself, and records nothing again; 7 is one dead letter of ours."""
+    uri = str(tmp_path / "t")
+    writer = DeltaWriter.open(uri, {}, TXN.main, "snappy", 10, SCHEMA)
+    writer.commit(writer.write_files(T0, OffsetRange(0, 4), rows_of(["m0"])), {T0: None}, {T0: 4}, {})
+
+    class LostOutcome(RecordingDeadLetters):
+        def commit(self, *args: Any) -> int:
+            version = super().commit(*args)
+            if self.commits == 2:  # ours (the first is the crash's, below)
+                raise RetryableError("committed, then reading the log failed")
+            return version
+
+    sink = LostOutcome(tmp_path)
+    sink.commit({T0: [DeadLetter("t", 0, o, "coerce", "old reason", b"{}") for o in (6, 8)]}, {T0: None}, {T0: 9}, {})
+    log = broken_at_7()
+    log[6] = log[8] = b"{}"  # now rows; recorded as dead letters before a crash: final
+    ingestor, metrics = make(tmp_path, LogSource(log), writer, sink)
+    ingestor.run(until_caught_up=True)
+
+    assert sorted(DeltaTable(uri).to_pyarrow_table().column("id").to_pylist()) == ["m0", "m5", "m9"]
+    assert sink.offsets() == [(0, 6), (0, 7), (0, 8)]
+    assert counted(metrics, "kafka2delta_messages_dead_lettered_total", topic="t", stage="deserialize") == 1
+    skipped = "kafka2delta_messages_skipped_total"
+    assert counted(metrics, skipped, topic="t", partition="0", reason="dead_letter_recorded") == 2
+    assert counted(metrics, "kafka2delta_commit_retries_total", table=uri) == 1
+    assert dict(ingestor.status().dead_letters_by_stage) == {"deserialize": 1}
+
+
 def test_a_resync_inside_a_revoke_callback_neither_takes_stale_messages_nor_loses_fresh_ones(tmp_path: Path) -> None:
     """Someone changes the schema; the revoke callback's flush finds out and resyncs the partition we keep
     (p1). The consume() that ran the callback returns p1 messages fetched before that: not to be taken."""

@@ -120,8 +120,11 @@ def test_values_without_fields_before_the_table_has_a_column_are_dead_letters(tm
             "K2D_DEAD_LETTERS__TABLE_URI": str(tmp_path / "dlq"),
         },
     )
-    ingest_until_caught_up(cfg, TopicsSource([messages_of(B0, 0, [{}, {}])], {B0: 2}))
+    metrics = ingest_until_caught_up(cfg, TopicsSource([messages_of(B0, 0, [{}, {}])], {B0: 2}))
     assert not (uri / "_delta_log").exists()
+    # No main commit (no row to create the table from), yet the dead letters are final: counted.
+    dead = {"topic": "b", "stage": "coerce"}
+    assert metrics.registry.get_sample_value("kafka2delta_messages_dead_lettered_total", dead) == 2
     letters = DeltaTable(str(tmp_path / "dlq")).to_pyarrow_table().to_pylist()
     assert [(r["offset"], r["stage"], r["error"]) for r in letters] == [
         (offset, "coerce", "no column yet: the table has none and the value no field with a value to add one")
@@ -197,6 +200,22 @@ def test_an_expression_splits_a_partition_across_tables(tmp_path: Path) -> None:
     assert letters[1]["error"] == "the route expression gave no value"
     assert metrics.registry.get_sample_value("kafka2delta_messages_failed_total", {"topic": "e", "stage": "route"}) == 2
     assert source.group_offsets == {E0: 7}
+
+
+def test_a_table_a_partition_sends_no_row_gets_no_rows_written_series_for_it(tmp_path: Path) -> None:
+    """Every table gets a lane for every piece, so its txn moves; found by review: its empty lanes made a
+    rows_written series at 0 for every partition × table."""
+    e1 = TopicPartition("e", 1)
+    source = TopicsSource([messages_of(E0, 0, events()[:3]), messages_of(e1, 0, events()[:2])], {E0: 3, e1: 2})
+    metrics = ingest_until_caught_up(expression_config(tmp_path), source)
+
+    assert DeltaTable(str(tmp_path / "orders")).transaction_version("e-1") == 1  # its empty lane committed
+
+    def rows(partition: int, table: str) -> float | None:
+        labels = {"topic": "e", "partition": str(partition), "table": table}
+        return metrics.registry.get_sample_value("kafka2delta_rows_written_total", labels)
+
+    assert (rows(0, "clicks"), rows(0, "orders"), rows(1, "clicks"), rows(1, "orders")) == (2, 1, 2, None)
 
 
 def test_a_crash_between_two_tables_commits_of_one_partition_leaves_each_exact(tmp_path: Path) -> None:

@@ -100,6 +100,36 @@ def test_a_zombies_dead_letter_inside_an_older_window_is_not_recorded_again(tmp_
     assert ids(tmp_path / "orders") == ["e2", "e8"]
 
 
+def test_a_zombies_dead_letter_found_recorded_is_one_skip_of_the_owner(tmp_path: Path) -> None:
+    """The windows of the test above: the owner finds @5 recorded by the zombie and does not record it again. It is
+    counted once, as a skip of the owner's, whose main commit covers it; not as a dead letter of the owner's nor of
+    the zombie, whose main commit never landed (found by review: both counted it, and the owner's dead-letter and
+    orders commits said they held one dead letter)."""
+    cfg = expression_config(tmp_path)
+    ingest_until_caught_up(cfg, TopicsSource([events(0, 2)], {E0: 3}))
+    with pytest.raises(FatalError, match="refresh_schema"):
+        ingest_until_caught_up(cfg, TopicsSource([events(3, 7)], {E0: 8}), refusing_orders(cfg, "refresh_schema"))
+    zombie, zombie_metrics = daemon_loop(cfg, TopicsSource([], {E0: 10}), refusing_orders(cfg, "commit"))
+    owner, owner_metrics = daemon_loop(cfg, TopicsSource([], {E0: 10}), lambda spec: open_table(cfg, spec))
+    zombie.assigned([E0])
+    owner.assigned([E0])
+    zombie._accept(events(3, 7))
+    with pytest.raises(FatalError, match="commit"):
+        zombie._flush("latency")
+    owner._accept(events(3, 9))
+    owner._flush("latency")
+    assert dead_letters(tmp_path) == [(3, "route"), (4, "route"), (5, "coerce")]
+
+    dead, skipped = "kafka2delta_messages_dead_lettered_total", "kafka2delta_messages_skipped_total"
+    for metrics in (zombie_metrics, owner_metrics):
+        assert metrics.registry.get_sample_value(dead, {"topic": "e", "stage": "coerce"}) is None
+    recorded = {"topic": "e", "partition": "0", "reason": "dead_letter_recorded"}
+    assert owner_metrics.registry.get_sample_value(skipped, recorded) == 3  # 3 and 4 read as recorded, 5 found
+    assert dict(owner.status().dead_letters_by_stage) == {}
+    assert DeltaTable(str(tmp_path / "dlq")).history()[0]["kafka2delta"]["dead_letters"] == 0
+    assert DeltaTable(str(tmp_path / "orders")).history()[0]["kafka2delta"]["dead_letters"] == 0
+
+
 def test_an_out_of_range_seek_in_the_same_turn_still_stops_later_tables_after_a_conflict(tmp_path: Path) -> None:
     """The new owner commits 3..9 to both tables; the zombie, holding 3..9 and seeking an out-of-range offset in
     the same turn (so the partition was already marked resynced), flushes: clicks' conflict resyncs the partition
