@@ -20,7 +20,8 @@ import logging
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, cast
+from functools import partial
+from typing import Any, TypeVar, cast
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
@@ -124,6 +125,7 @@ class KafkaSource:
                 key = "kafka.topic" if self._config.topic else "kafka.topics"
                 raise FatalError(f"{key}: topic {name!r} does not exist ({topic.error if topic else 'no metadata'})")
 
+        @_fatal_in_callback("assignment")
         def on_assign(consumer: Consumer, partitions: list[KafkaTopicPartition]) -> None:
             self._watch.admitted()
             starts = listener.assigned([TopicPartition(tp.topic, tp.partition) for tp in partitions])
@@ -134,9 +136,11 @@ class KafkaSource:
             else:
                 consumer.assign(positioned)
 
+        @_fatal_in_callback("revocation")
         def on_revoke(consumer: Consumer, partitions: list[KafkaTopicPartition]) -> None:
             listener.revoked([TopicPartition(tp.topic, tp.partition) for tp in partitions])
 
+        @_fatal_in_callback("loss")
         def on_lost(consumer: Consumer, partitions: list[KafkaTopicPartition]) -> None:
             listener.lost([TopicPartition(tp.topic, tp.partition) for tp in partitions])
 
@@ -162,19 +166,16 @@ class KafkaSource:
             messages: list[Message] = self.consumer.consume(num_messages=max_messages, timeout=timeout)
         except KafkaException as exc:
             raise RetryableError(f"consume failed: {exc}") from exc
-        if messages:
-            self._watch.admitted()
-        self._watch.check()  # the error callbacks ran inside consume()
         batch = ConsumedBatch()
+        errors: list[Message] = []
         if any(map(Message.error, messages)):  # end-of-partition events, errors: rare, handled one by one
-            good = []
-            for message in messages:
-                error = message.error()
-                if error is None:
-                    good.append(message)
-                else:
-                    self._consume_error(error, message, batch)
-            messages = good
+            errors = [message for message in messages if message.error() is not None]
+            messages = [message for message in messages if message.error() is None]
+        if messages or any(cast(KafkaError, e.error()).code() == KafkaError._PARTITION_EOF for e in errors):
+            self._watch.admitted()  # a fetch answered (an error event is none: an ACL refusal comes as one)
+        self._watch.check()  # the error callbacks ran inside consume()
+        for message in errors:
+            self._consume_error(cast(KafkaError, message.error()), message, batch)
         # Column by column with C-level map() calls: this is the per-message part of the hot path.
         # partition() and offset() are set on every message that is not an error.
         partitions = cast(list[int], list(map(Message.partition, messages)))
@@ -227,8 +228,12 @@ class KafkaSource:
             batch.end_offsets[tp] = offset
         elif code in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE) and tp is not None:
             batch.out_of_range.append(tp)
-        elif error.fatal():
-            raise FatalError(f"fatal Kafka error: {error.str()}")
+        elif code == KafkaError._FATAL or error.fatal():
+            # librdkafka hands a group consumer its fatal error (fenced by a newer member with our
+            # group.instance.id, say) as a consumer error with code _FATAL, whose fatal() is False.
+            raise FatalError(f"fatal Kafka error (the consumer cannot go on): {error.str()}")
+        elif self._watch.saw(error):
+            self._watch.check()  # a refused ACL: fatal at once before admission, after a grace period since
         else:
             logger.warning("Kafka error on %s[%s]@%s: %s", topic, partition, offset, error.str())
 
@@ -309,51 +314,114 @@ class KafkaSource:
 
 
 class DeadLetterTopic:
-    """Produces dead letters to a Kafka topic: the original key and payload, the reason in headers."""
+    """Produces dead letters to a Kafka topic: the original key and payload, the reason in headers. A letter too
+    large for the topic (the producer's or the broker's message size limit) goes without its payload, marked in
+    a header: the dead-letter table holds it whole, and a letter that can never be delivered must not stop the
+    daemon at every restart."""
 
     def __init__(self, bootstrap_servers: str, settings: Mapping[str, str], topic: str) -> None:
         self._topic = topic
-        self._producer = Producer(
+        self._producer = new_client(
+            Producer,
             {
                 **{k: v for k, v in settings.items() if not k.startswith(("partition.", "queued.", "fetch."))},
                 "bootstrap.servers": bootstrap_servers,
                 "enable.idempotence": True,
                 "linger.ms": 20,
-            }
+                "logger": logging.getLogger("kafka2delta.librdkafka"),
+            },
         )
 
     def produce(self, letters: Sequence[DeadLetter]) -> None:
         """Deliver every letter or raise RetryableError (the caller holds the offsets and retries)."""
         failures: list[str] = []
+        too_large: list[DeadLetter] = []
 
-        def delivered(error: Any, message: Any) -> None:
-            if error is not None:
+        def delivered(letter: DeadLetter, error: Any, message: Any) -> None:
+            if error is None:
+                return
+            if error.code() == KafkaError.MSG_SIZE_TOO_LARGE and message.value() is not None:
+                too_large.append(letter)
+            else:
                 failures.append(str(error))
 
         try:
             for letter in letters:
-                headers: list[tuple[str, str | bytes | None]] = [
-                    ("kafka2delta.error", letter.reason.encode()),
-                    ("kafka2delta.stage", letter.stage.encode()),
-                    ("kafka2delta.topic", letter.topic.encode()),
-                    ("kafka2delta.partition", str(letter.partition).encode()),
-                    ("kafka2delta.offset", str(letter.offset).encode()),
-                ]
-                while True:
-                    try:
-                        self._producer.produce(
-                            self._topic, value=letter.payload, key=letter.key, headers=headers, on_delivery=delivered
-                        )
-                        break
-                    except BufferError:
-                        self._producer.poll(0.1)
+                self._send(letter, letter.payload, partial(delivered, letter))
             remaining = self._producer.flush(30)
+            # Refused by the broker (its message.max.bytes): once more, without the payload (refused again,
+            # it is a failure: the message the delivery report carries has no value then).
+            for letter in too_large:
+                self._send(letter, None, partial(delivered, letter))
+            remaining = self._producer.flush(30) if too_large else remaining
         except KafkaException as exc:
             raise RetryableError(f"producing dead letters to {self._topic}: {exc}") from exc
         if remaining or failures:
             raise RetryableError(
                 f"producing dead letters to {self._topic}: {remaining} undelivered, errors {failures[:3]}"
             )
+
+    def _send(self, letter: DeadLetter, payload: bytes | None, on_delivery: Callable[[Any, Any], None]) -> None:
+        while True:
+            try:
+                self._producer.produce(
+                    self._topic,
+                    value=payload,
+                    key=letter.key,
+                    headers=self._headers(letter, payload),
+                    on_delivery=on_delivery,
+                )
+                return
+            except BufferError:
+                self._producer.poll(0.1)
+            except KafkaException as exc:
+                # The producer's own message.max.bytes refuses it before it is queued.
+                if exc.args[0].code() != KafkaError.MSG_SIZE_TOO_LARGE or payload is None:
+                    raise
+                payload = None
+
+    def _headers(self, letter: DeadLetter, payload: bytes | None) -> list[tuple[str, str | bytes | None]]:
+        headers: list[tuple[str, str | bytes | None]] = [
+            ("kafka2delta.error", letter.reason.encode()),
+            ("kafka2delta.stage", letter.stage.encode()),
+            ("kafka2delta.topic", letter.topic.encode()),
+            ("kafka2delta.partition", str(letter.partition).encode()),
+            ("kafka2delta.offset", str(letter.offset).encode()),
+        ]
+        if payload is None and letter.payload is not None:
+            size = len(letter.payload)
+            headers.append(("kafka2delta.payload_dropped", f"too large for the topic: {size} bytes".encode()))
+            logger.warning(
+                "dead letter %s[%d]@%d: %d bytes, too large for the topic %s; produced without its payload "
+                "(the dead-letter table holds it)",
+                letter.topic,
+                letter.partition,
+                letter.offset,
+                size,
+                self._topic,
+            )
+        return headers
+
+
+_Callback = Callable[[Consumer, list[KafkaTopicPartition]], None]
+
+
+def _fatal_in_callback(what: str) -> Callable[[_Callback], _Callback]:
+    """A rebalance callback whose failure stops the daemon. confluent-kafka raises a callback's exception from the
+    ``consume()`` it ran in, after dropping the messages that call had fetched, whose offsets librdkafka has
+    passed already: a consume retried after that would leave a gap the next commit's txn covers. A restart
+    reads every partition again from its tables' txn versions instead."""
+
+    def wrap(callback: _Callback) -> _Callback:
+        def guarded(consumer: Consumer, partitions: list[KafkaTopicPartition]) -> None:
+            try:
+                callback(consumer, partitions)
+            except (KafkaException, RetryableError) as exc:
+                raise FatalError(f"the partition {what} failed, the consumer cannot go on: {exc}") from exc
+
+        return guarded
+
+    return wrap
 
 
 def _to_kafka_offset(offset: int | LogicalOffset) -> int:
@@ -373,8 +441,17 @@ _REFUSED_SETTING = re.compile(r'(?:consumer|producer): ([\w.]+) failed|configura
 def new_consumer(settings: Mapping[str, Any]) -> Consumer:
     """A librdkafka consumer; a setting it refuses is a :class:`ConfigError` naming ``kafka.settings.<key>``
     (before, a missing CA file read as "cannot reach Kafka")."""
+    return new_client(Consumer, settings)
+
+
+_Client = TypeVar("_Client", Consumer, Producer)
+
+
+def new_client(kind: type[_Client], settings: Mapping[str, Any]) -> _Client:
+    """A librdkafka consumer or producer; a setting it refuses is a :class:`ConfigError` naming
+    ``kafka.settings.<key>``."""
     try:
-        return Consumer(dict(settings))
+        return kind(dict(settings))
     except KafkaException as exc:
         error = exc.args[0] if exc.args else None
         if not isinstance(error, KafkaError) or error.code() != KafkaError._INVALID_ARG:
@@ -460,6 +537,14 @@ def security_failure(error: KafkaError, settings: Mapping[str, str]) -> FatalErr
     broker's certificate (``_SSL``, "certificate verify failed") only repeat until someone changes the settings.
     """
     code, text = error.code(), error.str()
+    if code in (KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.GROUP_AUTHORIZATION_FAILED):
+        # Let in, but the broker's ACLs refuse this principal the topic or the group: no retry grants them.
+        topic = code == KafkaError.TOPIC_AUTHORIZATION_FAILED
+        principal = settings.get("sasl.username") or "this client's principal"
+        return FatalError(
+            f"{'kafka.topic' if topic else 'kafka.group_id'}: the broker's ACLs do not allow {principal!r} to "
+            f"{'read the topic' if topic else 'join the consumer group'} (grant Read on it); librdkafka: {text}"
+        )
     if code in (KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED):
         if "mechanism handshake failed" in text:
             key = _named(settings, ("sasl.mechanism", "sasl.mechanisms"))
@@ -489,6 +574,9 @@ def _named(settings: Mapping[str, str], keys: tuple[str, ...]) -> str:
 
 SECURITY_GRACE_S = 300
 """How long the broker may refuse a daemon it once admitted before the daemon gives up (exit 1)."""
+SECURITY_QUIET_S = 60
+"""A refusal this long after the last one starts a new grace period: librdkafka reports a lasting refusal at
+every reconnect (``reconnect.backoff.max.ms``, 10 s by default), so the two were not one outage."""
 
 
 class SecurityWatch:
@@ -507,6 +595,7 @@ class SecurityWatch:
         self.failure: FatalError | None = None
         self._admitted = False
         self._failing_since: float | None = None
+        self._last_failure = 0.0
 
     def admitted(self) -> None:
         """The broker let us in (an assignment, a message): later refusals start out as passing."""
@@ -526,11 +615,12 @@ class SecurityWatch:
         if not self._admitted:
             raise self.failure
         now = self._clock()
-        if self._failing_since is None:
+        if self._failing_since is None or now - self._last_failure >= SECURITY_QUIET_S:
             self._failing_since = now
             logger.warning("%s (librdkafka retries; fatal if it lasts %d s)", self.failure, SECURITY_GRACE_S)
         elif now - self._failing_since >= SECURITY_GRACE_S:
             raise FatalError(f"{self.failure} (for {now - self._failing_since:.0f} s)")
+        self._last_failure = now
         self.failure = None  # the next refusal is recorded afresh; the clock runs from the first
 
 

@@ -595,6 +595,7 @@ class Ingestor:
 
     def assigned(self, partitions: list[TopicPartition]) -> dict[TopicPartition, int | LogicalOffset]:
         self._metrics.rebalance("assigned", len(partitions))
+        self._board.joined_group()
         faults.point("in_assign")
         # Retry here: if this callback failed, the client would assign without our offsets.
         by_topic: dict[str, list[TopicPartition]] = {}

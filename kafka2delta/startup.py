@@ -56,9 +56,19 @@ def guard() -> None:
 
 
 def release() -> None:
-    """Give the signals back their defaults (for a command line that turned out not to run the daemon)."""
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    """For a command line that turned out not to run the daemon (``maintain``, ``jobs``, ``verify``, ``status``):
+    Ctrl-C back to KeyboardInterrupt, and SIGTERM ends the command by :class:`SystemExit` (exit 143, as the
+    signal's own default would): its ``finally`` blocks run (a coordinator turn is given back) and Spark's JVM,
+    which watches its parent's pipe, goes with it. Not the default handler itself: in a container the command is
+    PID 1, for which the kernel drops a signal left to its default, and a CronJob's pod deleted or past its
+    deadline would wait out its grace period to be killed."""
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one must not interrupt the way out
+    raise SystemExit(128 + signum)
 
 
 MALLOC_ARENAS = 2

@@ -144,6 +144,8 @@ class Status:
     """Why the loop stopped, when it failed."""
     tables: tuple[TableStatus, ...] = ()
     """Every table this daemon writes (opened so far)."""
+    in_group: bool = False
+    """The consumer group has given this daemon an assignment (maybe of no partition) since it started."""
 
     def liveness(self) -> tuple[bool, str]:
         if self.state == "failed":
@@ -158,10 +160,14 @@ class Status:
     def readiness(self) -> tuple[bool, str]:
         if self.state in ("stopped", "failed"):
             return False, f"the daemon is {self.state}"
-        if not self.partitions:
+        if not self.partitions and not self.in_group:
             return False, "no partition assigned"
         if self.table_error is not None:
             return False, f"the table was not reachable at the last attempt: {self.table_error}"
+        if not self.partitions:
+            # Ready: a rollout waits for each new pod to be ready, and an idle one (more daemons than partitions,
+            # no topic matching the pattern yet) would never be, stalling it.
+            return True, "in the consumer group, no partition assigned (idle)"
         return True, f"{len(self.partitions)} partitions assigned, table reachable"
 
     def to_json(self) -> dict[str, Any]:
@@ -223,6 +229,7 @@ class StatusBoard:
     _dead_letters: dict[str, int] = field(default_factory=dict)
     _buffered_messages: int = 0
     _buffered_bytes: int = 0
+    _in_group: bool = False
 
     def __post_init__(self) -> None:
         self._started = self._last_turn = self.clock()
@@ -230,6 +237,10 @@ class StatusBoard:
 
     def loop_turned(self) -> None:
         self._last_turn = self.clock()  # one float store: no lock needed
+
+    def joined_group(self) -> None:
+        """The group gave this daemon an assignment (an empty one too: an idle member is in the group)."""
+        self._in_group = True  # one bool store: no lock needed
 
     def set_state(self, state: str, failure: str | None = None) -> None:
         with self._lock:
@@ -326,6 +337,7 @@ class StatusBoard:
                 table_error=self._table_error,
                 failure=self._failure,
                 tables=tuple(self._tables[name] for name in sorted(self._tables)),
+                in_group=self._in_group,
             )
 
 

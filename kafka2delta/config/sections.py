@@ -232,7 +232,7 @@ class IngestConfig:
     retry_after_stop_s: float = 45.0
     """Once a stop is requested (SIGTERM), how long a failing storage operation is still retried before the
     daemon gives up (exit 1; the next start replays from the Delta log), seconds, plus the attempt under way.
-    Keep it inside the orchestrator's grace period (the Helm chart's default: allowed_latency_s + 60)."""
+    Keep it inside the orchestrator's grace period (the Helm chart's default: max(allowed_latency_s, this) + 60)."""
     table_commits_per_s: float = 10.0
     """Budget of commits per second for a whole table, all its writers together: when more daemons share a table
     than ``table_commits_per_s × allowed_latency_s``, each waits longer between commits (never more than 60 s)

@@ -43,10 +43,28 @@ def validate(config: Config) -> None:
         raise ConfigError("table.uri", "must not be empty (or give every topic its table with [[routes]])")
     _validate_subscription(config)
     _validate_routes(config)
-    reserved = {"group.id", "enable.auto.commit", "enable.auto.offset.store", "bootstrap.servers"}
-    for key in config.kafka.settings:
+    reserved = {
+        "group.id",
+        "enable.auto.commit",
+        "enable.auto.offset.store",
+        "bootstrap.servers",
+        "enable.partition.eof",
+    }
+    for key, value in config.kafka.settings.items():
         if key in reserved:
             raise ConfigError(f"kafka.settings.{key}", "is set by kafka2delta itself; use the [kafka] keys instead")
+        if key == "auto.offset.reset":
+            raise ConfigError(
+                f"kafka.settings.{key}",
+                "is set by kafka2delta itself (a vanished offset must be an error the daemon handles): use "
+                "kafka.auto_offset_reset and kafka.missing_offset_policy",
+            )
+        if key == "isolation.level" and value != "read_committed":
+            raise ConfigError(
+                f"kafka.settings.{key}",
+                "must be read_committed (librdkafka's default): read_uncommitted would write the records of aborted "
+                "transactions as rows",
+            )
     if config.table.schema:
         try:
             schema = parse_schema(config.table.schema)

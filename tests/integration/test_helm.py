@@ -221,6 +221,12 @@ def test_values_schema_and_template_guards(run_helm: Callable[..., subprocess.Co
         "alerts.lagGrowing.window=10": "want string",
         "config.kafka.settings.sasl\\.password=x": "holds a secret",
         "config.table.storage_options.AWS_SECRET_ACCESS_KEY=x": "holds a secret",
+        # The daemon's rule for options (is_secret_key), not only the words: a part named key, pem, sas or jaas.
+        "config.table.storage_options.AZURE_STORAGE_ACCOUNT_KEY=x": "holds a secret",
+        "config.kafka.settings.ssl\\.key\\.pem=x": "holds a secret",
+        "config.kafka.settings.sasl\\.jaas\\.config=x": "holds a secret",
+        "config.kafka.settings.sasl\\.oauthbearer\\.config=x": "holds a secret",
+        "config.spark.conf.spark\\.hadoop\\.fs\\.azure\\.sas\\.lake\\.acct=x": "holds a secret",
         "config.metrics.port=9999": "metrics",
         "config.transforms.day=x": "transforms",
         "config.ingset.allowed_latency_s=1": "ingset",
@@ -279,7 +285,7 @@ def test_default_objects(render: Callable[..., list[dict[str, Any]]]) -> None:
         {"name": GROUP_INSTANCE_ID, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
     ]
     assert [v["name"] for v in pod["volumes"]] == ["tmp"]
-    assert pod["terminationGracePeriodSeconds"] == 5 + 60
+    assert pod["terminationGracePeriodSeconds"] == 45 + 60  # retry_after_stop_s's default, the larger
     assert _one(docs, "PodDisruptionBudget")["spec"] == {
         "maxUnavailable": 1,
         "selector": statefulset["spec"]["selector"],
@@ -514,7 +520,8 @@ def test_probes_service_and_grace_period(render: Callable[..., list[dict[str, An
     assert service["spec"]["ports"][0]["name"] == "metrics" and service["spec"]["ports"][0]["targetPort"] == "metrics"
     assert service["spec"]["selector"] == workload["spec"]["selector"]["matchLabels"]
     latency = values.get("config", {}).get("ingest", {}).get("allowed_latency_s", 5)
-    expected = values.get("terminationGracePeriodSeconds") or math.ceil(latency) + 60
+    retry = values.get("config", {}).get("ingest", {}).get("retry_after_stop_s", 45.0)
+    expected = values.get("terminationGracePeriodSeconds") or math.ceil(max(latency, retry)) + 60
     assert pod["terminationGracePeriodSeconds"] == expected
     assert pod["terminationGracePeriodSeconds"] > latency
 
@@ -693,8 +700,21 @@ def test_deployment_is_unchanged_without_static_membership(
         args = ["template", "k2d", "--namespace", "ingest", *(["-f", str(values)] if values else [])]
         before = run_helm(*args[:2], str(baseline), *args[2:])
         assert before.returncode == 0, before.stderr
+        # One change since is meant: the default grace period also covers ingest.retry_after_stop_s. Set to the
+        # baseline's default (allowed latency + 60), everything else must render as it did.
+        given = yaml.safe_load(values.read_text()) if values else {}
+        latency = (given.get("config") or {}).get("ingest", {}).get("allowed_latency_s", 5)
+        grace = given.get("terminationGracePeriodSeconds") or math.ceil(latency) + 60
         after = run_helm(
-            *args[:2], str(CHART), *args[2:], "--set", "staticMembership=false", "--set", "secret.mountAsFiles=false"
+            *args[:2],
+            str(CHART),
+            *args[2:],
+            "--set",
+            "staticMembership=false",
+            "--set",
+            "secret.mountAsFiles=false",
+            "--set",
+            f"terminationGracePeriodSeconds={grace}",
         )
         assert after.returncode == 0, after.stderr
         assert "kind: Deployment" in after.stdout and "kind: StatefulSet" not in after.stdout

@@ -74,6 +74,24 @@ GLUE_RAW = {"K2D_FORMAT__TYPE": "raw", "K2D_SCHEMA_REGISTRY__TYPE": "glue", "K2D
         (MINIMAL + "[table.schema]\nid = 'uuid'\n", {}, "table.schema", "unknown type"),
         (MINIMAL + "[table.schema]\nid = 'string'\n[table]\n", {}, "--config", "not valid TOML"),
         (MINIMAL + "[kafka.settings]\n'group.id' = 'x'\n", {}, "kafka.settings.group.id", "[kafka]"),
+        (
+            MINIMAL + "[kafka.settings]\n'auto.offset.reset' = 'latest'\n",
+            {},
+            "kafka.settings.auto.offset.reset",
+            "kafka.auto_offset_reset",
+        ),
+        (
+            MINIMAL + "[kafka.settings]\n'enable.partition.eof' = 'true'\n",
+            {},
+            "kafka.settings.enable.partition.eof",
+            "[kafka]",
+        ),
+        (
+            MINIMAL + "[kafka.settings]\n'isolation.level' = 'read_uncommitted'\n",
+            {},
+            "kafka.settings.isolation.level",
+            "aborted",
+        ),
         (MINIMAL, {"K2D_FORMAT__KEY": "protobuf"}, "format.key", "protobuf keys need a schema registry"),
         (MINIMAL, {**GLUE_RAW, "K2D_FORMAT__KEY": "json"}, "schema_registry.type", "avro and protobuf keys"),
         # A misspelt section in the environment is not silently ignored.

@@ -140,13 +140,35 @@ def test_once_admitted_a_refusal_is_fatal_only_if_it_lasts() -> None:
     watch.saw(KafkaError(KafkaError._AUTHENTICATION, WRONG_PASSWORD))
     watch.check()
     watch.admitted()  # a message again: the refusal passed
-    now[0] = 1000.0
-    watch.saw(KafkaError(KafkaError._AUTHENTICATION, WRONG_PASSWORD))
-    watch.check()
+    # A lasting refusal: librdkafka reports it at each reconnect (every 10 s at most).
+    for second in range(1000, 1000 + SECURITY_GRACE_S, 10):
+        now[0] = float(second)
+        watch.saw(KafkaError(KafkaError._AUTHENTICATION, WRONG_PASSWORD))
+        watch.check()
     now[0] = 1000.0 + SECURITY_GRACE_S
     watch.saw(KafkaError(KafkaError._AUTHENTICATION, WRONG_PASSWORD))
     with pytest.raises(FatalError, match=rf"sasl\.password: .*\(for {SECURITY_GRACE_S} s\)$"):
         watch.check()
+
+
+def test_refusals_far_apart_are_separate_outages() -> None:
+    """On an idle topic nothing admits us again between two passing refusals hours apart: neither is fatal."""
+    now = [0.0]
+    watch = SecurityWatch(SASL, clock=lambda: now[0])
+    watch.admitted()
+    for moment in (0.0, 5.0, 3 * 3600.0, 3 * 3600.0 + 5.0, 9 * 3600.0):
+        now[0] = moment
+        watch.saw(KafkaError(KafkaError._AUTHENTICATION, WRONG_PASSWORD))
+        watch.check()
+
+
+@pytest.mark.parametrize(
+    ("code", "key"),
+    [(KafkaError.TOPIC_AUTHORIZATION_FAILED, "kafka.topic"), (KafkaError.GROUP_AUTHORIZATION_FAILED, "kafka.group_id")],
+)
+def test_acl_refusals_name_the_key(code: int, key: str) -> None:
+    found = failure(code, "Broker: Topic authorization failed", SASL)
+    assert found is not None and found.startswith(f"{key}: the broker's ACLs do not allow 'ingest'"), found
 
 
 # ---------------------------------------------------------------------------- Spark's Kafka source

@@ -84,6 +84,24 @@ def test_other_commands_keep_the_default_handlers(monkeypatch, command: str) -> 
     assert seen["handler"] is signal.SIG_DFL
 
 
+def test_released_sigterm_ends_a_command_by_system_exit() -> None:
+    # Not the default handler: in a container the command is PID 1, and the kernel drops a signal left to its
+    # default there (a maintenance CronJob's pod would wait out its grace period). finally blocks run.
+    saved = signal.getsignal(signal.SIGTERM)
+    ran_finally = []
+    try:
+        startup.release()
+        with pytest.raises(SystemExit) as raised:
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(5)  # the handler raises here
+            finally:
+                ran_finally.append(True)
+        assert raised.value.code == 143 and ran_finally == [True]
+    finally:
+        signal.signal(signal.SIGTERM, saved)
+
+
 class _FakeLibc:
     def __init__(self, glibc: bool) -> None:
         self.calls: list[tuple[int, int]] = []

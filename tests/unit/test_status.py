@@ -98,6 +98,18 @@ def test_healthz_follows_the_loop(served: tuple[StatusBoard, Clock, str]) -> Non
     assert code == 503 and "boom" in json.loads(body)["reason"]
 
 
+def test_an_idle_member_of_the_group_is_ready(served: tuple[StatusBoard, Clock, str]) -> None:
+    # More replicas than partitions: a rollout waits for each new pod to be ready, and would stall on this one.
+    status_board, _, base = served
+    status_board.set_state("running")
+    assert get(f"{base}/readyz")[0] == 503  # not in the group yet
+    status_board.joined_group()  # an assignment of no partition
+    code, _, body = get(f"{base}/readyz")
+    assert code == 200 and json.loads(body)["reason"] == "in the consumer group, no partition assigned (idle)"
+    status_board.table_unreachable("commit (latency): S3 said 503")
+    assert get(f"{base}/readyz")[0] == 503
+
+
 def test_readyz_needs_partitions_and_a_reachable_table(served: tuple[StatusBoard, Clock, str]) -> None:
     status_board, _, base = served
     code, _, body = get(f"{base}/readyz")

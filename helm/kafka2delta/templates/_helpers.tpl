@@ -77,6 +77,16 @@ app.kubernetes.io/part-of: kafka2delta
 {{- end }}
 {{- end }}
 
+{{/* An option of kafka.settings, table.storage_options or spark.conf: the daemon's rule for them
+     (kafka2delta.config.is_secret_key): those words, oauthbearer.config, or a part named key, pem, sas or jaas
+     (ssl.key.pem, AZURE_STORAGE_ACCOUNT_KEY, sasl.jaas.config, fs.azure.sas.<container>.<account>). */}}
+{{- define "kafka2delta.assertNotSecretOption" -}}
+{{- $option := index . 1 }}
+{{- if or (regexMatch "(?i)(password|secret|token|credential|oauthbearer\\.config)" $option) (regexMatch "(?i)(^|[._])(key|pem|sas|jaas)([._]|$)" $option) }}
+{{- fail (printf "config key %q holds a secret: set it under secret: (e.g. secret.extra) so that it goes into a Secret, not the ConfigMap" (printf "%s.%s" (index . 0) $option)) }}
+{{- end }}
+{{- end }}
+
 {{/* The ConfigMap's data: values `config:` (section → key → value) as K2D_<SECTION>__<KEY> variables.
      kafka.settings and table.storage_options take one more level (K2D_KAFKA__SETTINGS__SASL_MECHANISMS for
      the librdkafka key sasl.mechanisms; K2D_TABLE__STORAGE_OPTIONS__AWS_REGION as written); other mappings
@@ -98,13 +108,16 @@ app.kubernetes.io/part-of: kafka2delta
 {{- fail (printf "config.%s: set metrics.port in the chart's values (the probes, Service and ServiceMonitor use it)" $dotted) }}
 {{- else if or (eq $dotted "kafka.settings") (eq $dotted "table.storage_options") }}
 {{- range $sub, $subValue := $value }}
-{{- include "kafka2delta.assertNotSecret" (printf "%s.%s" $dotted $sub) }}
+{{- include "kafka2delta.assertNotSecretOption" (list $dotted $sub) }}
 {{- $subName := ternary (upper (replace "." "_" $sub)) $sub (eq $key "settings") }}
 {{- $_ := set $data (printf "%s__%s" $name $subName) (include "kafka2delta.envValue" $subValue) }}
 {{- end }}
 {{- else if or (kindIs "invalid" $value) (and (or (kindIs "map" $value) (kindIs "slice" $value)) (empty $value)) }}
 {{- else }}
 {{- include "kafka2delta.assertNotSecret" $dotted }}
+{{- if eq $dotted "spark.conf" }}
+{{- range $option, $_ := $value }}{{ include "kafka2delta.assertNotSecretOption" (list $dotted $option) }}{{ end }}
+{{- end }}
 {{- $_ := set $data $name (include "kafka2delta.envValue" $value) }}
 {{- end }}
 {{- end }}
@@ -224,15 +237,20 @@ app.kubernetes.io/part-of: kafka2delta
 {{- end }}
 {{- end }}
 
-{{/* Default grace period: a flush may wait for the allowed latency, then commit; 60 s for that commit. */}}
+{{/* Default grace period: on SIGTERM the daemon commits what it buffered (up to the allowed latency's worth),
+     and a commit storage refuses is retried for ingest.retry_after_stop_s; 60 s for the attempt under way. */}}
 {{- define "kafka2delta.terminationGracePeriodSeconds" -}}
 {{- if .Values.terminationGracePeriodSeconds }}
 {{- .Values.terminationGracePeriodSeconds }}
 {{- else }}
 {{- $latency := 5.0 }}
+{{- $retry := 45.0 }}
 {{- if and .Values.config.ingest (hasKey .Values.config.ingest "allowed_latency_s") }}
 {{- $latency = .Values.config.ingest.allowed_latency_s }}
 {{- end }}
-{{- add (int64 (ceil $latency)) 60 }}
+{{- if and .Values.config.ingest (hasKey .Values.config.ingest "retry_after_stop_s") }}
+{{- $retry = .Values.config.ingest.retry_after_stop_s }}
+{{- end }}
+{{- add (int64 (ceil (max $latency $retry))) 60 }}
 {{- end }}
 {{- end }}
