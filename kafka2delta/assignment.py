@@ -38,6 +38,9 @@ class PartitionState:
     recorded_dead_letters: set[int] = field(default_factory=set)
     """Offsets after the home table's version that are dead letters already (a crash came between the
     dead-letter commit and the home table's): final, never processed again; they only advance the txns."""
+    counted_dead_letters: set[int] = field(default_factory=set)
+    """Dead letters counted in the metrics although no table's txn covers them yet (recorded while the table could
+    not be created): a replay that finds them recorded does not count them again as skips."""
 
     @property
     def committed(self) -> int | None:

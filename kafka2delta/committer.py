@@ -127,7 +127,12 @@ class Committer:
         try:
             version = self._commit(pending, partitions)
         except TableNotCreated:
+            # Final already (no main txn to wait for): counted now, and remembered, so that a replay taking them
+            # as recorded (after another writer created the table: SchemaChanged) does not count them again.
             self._count_dead_letters(pending)
+            for tp, letters in pending.letters.items():
+                if tp in pending.buffers:
+                    partitions[tp].counted_dead_letters.update(letter.offset for letter in letters)
             raise
         self._count_dead_letters(pending)
         return version

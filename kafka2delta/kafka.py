@@ -77,7 +77,7 @@ class KafkaSource:
         self._with_headers = with_headers
         self._subscription = config.subscription()
         self._single_topic = bool(config.topic) or (len(config.topics) == 1 and not config.topic_pattern)
-        self._watch = SecurityWatch(config.settings)
+        self._watch = SecurityWatch(config.settings, topic_key=_topic_key(config))
         settings: dict[str, Any] = {**_DEFAULT_SETTINGS, **config.settings}
         raised_by = ("message.max.bytes", "max.partition.fetch.bytes", "fetch.message.max.bytes")
         settings.setdefault(
@@ -122,7 +122,7 @@ class KafkaSource:
         for name in named:
             topic = metadata.topics.get(name) if metadata is not None else None
             if topic is None or topic.error is not None:
-                key = "kafka.topic" if self._config.topic else "kafka.topics"
+                key = _topic_key(self._config)
                 raise FatalError(f"{key}: topic {name!r} does not exist ({topic.error if topic else 'no metadata'})")
 
         @_fatal_in_callback("assignment")
@@ -349,11 +349,12 @@ class DeadLetterTopic:
             for letter in letters:
                 self._send(letter, letter.payload, partial(delivered, letter))
             remaining = self._producer.flush(30)
-            # Refused by the broker (its message.max.bytes): once more, without the payload (refused again,
-            # it is a failure: the message the delivery report carries has no value then).
-            for letter in too_large:
-                self._send(letter, None, partial(delivered, letter))
-            remaining = self._producer.flush(30) if too_large else remaining
+            if not remaining:
+                # Refused by the broker (its message.max.bytes): once more, without the payload. Refused again
+                # (the delivery report's message has no value then), it is a failure.
+                for letter in too_large:
+                    self._send(letter, None, partial(delivered, letter))
+                remaining = self._producer.flush(30) if too_large else 0
         except KafkaException as exc:
             raise RetryableError(f"producing dead letters to {self._topic}: {exc}") from exc
         if remaining or failures:
@@ -362,15 +363,12 @@ class DeadLetterTopic:
             )
 
     def _send(self, letter: DeadLetter, payload: bytes | None, on_delivery: Callable[[Any, Any], None]) -> None:
+        """Queue ``letter``; without ``payload`` (None) it goes as a notice: no payload, a key of at most
+        :data:`_NOTICE_BYTES`, its reason cut to that length, so that it fits any topic."""
+        key, headers = self._shaped(letter, payload)
         while True:
             try:
-                self._producer.produce(
-                    self._topic,
-                    value=payload,
-                    key=letter.key,
-                    headers=self._headers(letter, payload),
-                    on_delivery=on_delivery,
-                )
+                self._producer.produce(self._topic, value=payload, key=key, headers=headers, on_delivery=on_delivery)
                 return
             except BufferError:
                 self._producer.poll(0.1)
@@ -379,28 +377,35 @@ class DeadLetterTopic:
                 if exc.args[0].code() != KafkaError.MSG_SIZE_TOO_LARGE or payload is None:
                     raise
                 payload = None
+                key, headers = self._shaped(letter, payload)
 
-    def _headers(self, letter: DeadLetter, payload: bytes | None) -> list[tuple[str, str | bytes | None]]:
-        headers: list[tuple[str, str | bytes | None]] = [
-            ("kafka2delta.error", letter.reason.encode()),
+    def _shaped(self, letter: DeadLetter, payload: bytes | None) -> tuple[bytes | None, _Headers]:
+        """The key and headers ``letter`` goes with (as a notice when ``payload`` is None, logged)."""
+        reason, key = letter.reason.encode(), letter.key
+        headers: _Headers = [
             ("kafka2delta.stage", letter.stage.encode()),
             ("kafka2delta.topic", letter.topic.encode()),
             ("kafka2delta.partition", str(letter.partition).encode()),
             ("kafka2delta.offset", str(letter.offset).encode()),
         ]
-        if payload is None and letter.payload is not None:
-            size = len(letter.payload)
+        if payload is None:
+            reason = reason[:_NOTICE_BYTES]
+            key = key if key is None or len(key) <= _NOTICE_BYTES else None
+            size = len(letter.payload) + len(letter.key or b"")
             headers.append(("kafka2delta.payload_dropped", f"too large for the topic: {size} bytes".encode()))
             logger.warning(
-                "dead letter %s[%d]@%d: %d bytes, too large for the topic %s; produced without its payload "
-                "(the dead-letter table holds it)",
-                letter.topic,
-                letter.partition,
-                letter.offset,
+                "dead letter %s: %d bytes, too large for the topic %s; produced without its payload (the "
+                "dead-letter table holds it)",
+                letter.where,
                 size,
                 self._topic,
             )
-        return headers
+        return key, [("kafka2delta.error", reason), *headers]
+
+
+_Headers = list[tuple[str, str | bytes | None]]
+_NOTICE_BYTES = 1024
+"""A dead letter too large for its topic goes as a notice: its reason and key cut to this (the table holds both)."""
 
 
 _Callback = Callable[[Consumer, list[KafkaTopicPartition]], None]
@@ -529,7 +534,16 @@ _CLIENT_CERTIFICATE_REFUSED = re.compile(
 )
 
 
-def security_failure(error: KafkaError, settings: Mapping[str, str]) -> FatalError | None:
+def _topic_key(config: KafkaConfig) -> str:
+    """The key that names the subscription: ``kafka.topic``, ``kafka.topics`` or ``kafka.topic_pattern``."""
+    if config.topic:
+        return "kafka.topic"
+    return "kafka.topics" if config.topics else "kafka.topic_pattern"
+
+
+def security_failure(
+    error: KafkaError, settings: Mapping[str, str], topic_key: str = "kafka.topic"
+) -> FatalError | None:
     """The error no retry can mend, naming the ``kafka.settings`` key at fault, or None for any other error.
 
     librdkafka retries every connection failure forever and reports each attempt to the error callback; among
@@ -542,7 +556,7 @@ def security_failure(error: KafkaError, settings: Mapping[str, str]) -> FatalErr
         topic = code == KafkaError.TOPIC_AUTHORIZATION_FAILED
         principal = settings.get("sasl.username") or "this client's principal"
         return FatalError(
-            f"{'kafka.topic' if topic else 'kafka.group_id'}: the broker's ACLs do not allow {principal!r} to "
+            f"{topic_key if topic else 'kafka.group_id'}: the broker's ACLs do not allow {principal!r} to "
             f"{'read the topic' if topic else 'join the consumer group'} (grant Read on it); librdkafka: {text}"
         )
     if code in (KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED):
@@ -576,7 +590,8 @@ SECURITY_GRACE_S = 300
 """How long the broker may refuse a daemon it once admitted before the daemon gives up (exit 1)."""
 SECURITY_QUIET_S = 60
 """A refusal this long after the last one starts a new grace period: librdkafka reports a lasting refusal at
-every reconnect (``reconnect.backoff.max.ms``, 10 s by default), so the two were not one outage."""
+every reconnect (``reconnect.backoff.max.ms``, 10 s by default), so the two were not one outage. With that
+setting raised, three of its backoffs."""
 
 
 class SecurityWatch:
@@ -589,9 +604,13 @@ class SecurityWatch:
     librdkafka retries, and only a refusal that lasts :data:`SECURITY_GRACE_S` with nothing admitted since is
     fatal."""
 
-    def __init__(self, settings: Mapping[str, str], clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, settings: Mapping[str, str], clock: Callable[[], float] = time.monotonic, topic_key: str = "kafka.topic"
+    ) -> None:
         self._settings = settings
         self._clock = clock
+        self._topic_key = topic_key
+        self._quiet_s = max(SECURITY_QUIET_S, 3 * _int_setting(settings, "reconnect.backoff.max.ms") / 1000)
         self.failure: FatalError | None = None
         self._admitted = False
         self._failing_since: float | None = None
@@ -604,7 +623,7 @@ class SecurityWatch:
 
     def saw(self, error: KafkaError) -> bool:
         """Record ``error`` if it is a security failure (the first one only); whether it is one."""
-        failure = security_failure(error, self._settings)
+        failure = security_failure(error, self._settings, self._topic_key)
         if failure is not None and self.failure is None:
             self.failure = failure
         return failure is not None
@@ -615,7 +634,7 @@ class SecurityWatch:
         if not self._admitted:
             raise self.failure
         now = self._clock()
-        if self._failing_since is None or now - self._last_failure >= SECURITY_QUIET_S:
+        if self._failing_since is None or now - self._last_failure >= self._quiet_s:
             self._failing_since = now
             logger.warning("%s (librdkafka retries; fatal if it lasts %d s)", self.failure, SECURITY_GRACE_S)
         elif now - self._failing_since >= SECURITY_GRACE_S:

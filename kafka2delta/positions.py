@@ -10,6 +10,7 @@ import logging
 from functools import partial
 
 from kafka2delta.errors import CommitConflict, TableNotCreated
+from kafka2delta.offsets import LogicalOffset, first_offset
 from kafka2delta.records import TopicPartition
 from kafka2delta.retries import Retrier
 from kafka2delta.tables import Tables, TopicTables
@@ -95,7 +96,7 @@ class Positions:
                 continue
             known = [version for version in held.values() if version is not None]
             low, high = watermarks[tp]
-            starts[tp] = min(known) if known else (low if self._auto_offset_reset == "earliest" else high) - 1
+            starts[tp] = min(known) if known else first_offset(LogicalOffset(self._auto_offset_reset), low, high) - 1
         if not starts:
             return False
         table = self._tables[uri]

@@ -133,10 +133,10 @@ class Progress:
         self._board.partitions(
             {tp: state.committed for tp, state in partitions.items()},
             {tp: state.high_watermark for tp, state in partitions.items()},
+            lags,
             {tp: full - buffers.room(tp) for tp in partitions if tp in buffers},
             buffers.buffered_bytes,
             tables,
-            lags,
         )
         return lags
 

@@ -300,7 +300,10 @@ class Ingestor:
         todo = piece
         if recorded:
             todo = piece.select([i for i, offset in enumerate(piece.offsets) if offset not in recorded])
-            self._metrics.skipped(piece.topic, piece.partition, "dead_letter_recorded", len(piece) - len(todo))
+            counted = sum(1 for offset in piece.offsets if offset in recorded and offset in state.counted_dead_letters)
+            self._metrics.skipped(
+                piece.topic, piece.partition, "dead_letter_recorded", len(piece) - len(todo) - counted
+            )
         outcomes: dict[str, ProcessedPartition] = {}
         if len(todo):
             outcomes = (
@@ -467,6 +470,8 @@ class Ingestor:
             committed = state.committed
             if state.recorded_dead_letters and committed is not None and committed >= max(state.recorded_dead_letters):
                 state.recorded_dead_letters = set()  # every table's txn covers them now
+            if state.counted_dead_letters and committed is not None and committed >= max(state.counted_dead_letters):
+                state.counted_dead_letters = set()
         faults.point("after_delta_commit")
         self._pace(table, version)
         self._progress.committed(
@@ -663,6 +668,7 @@ class Ingestor:
 
     def lost(self, partitions: list[TopicPartition]) -> None:
         self._metrics.rebalance("lost", len(partitions))
+        self._board.left_group()
         owned = {tp for tp in partitions if tp in self._partitions}
         for tp in owned:
             dropped = self._buffers.drop(tp)

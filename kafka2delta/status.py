@@ -242,6 +242,10 @@ class StatusBoard:
         """The group gave this daemon an assignment (an empty one too: an idle member is in the group)."""
         self._in_group = True  # one bool store: no lock needed
 
+    def left_group(self) -> None:
+        """The group took the assignment away without notice (lost): not ready until it gives one again."""
+        self._in_group = False
+
     def set_state(self, state: str, failure: str | None = None) -> None:
         with self._lock:
             self._state, self._failure = state, failure
@@ -264,14 +268,13 @@ class StatusBoard:
         self,
         committed: Mapping[TopicPartition, int | None],
         highs: Mapping[TopicPartition, int],
+        lags: Mapping[TopicPartition, int],
         buffered: Mapping[TopicPartition, int],
         buffered_bytes: int,
         tables: Mapping[TopicPartition, str] | None = None,
-        lags: Mapping[TopicPartition, int] | None = None,
     ) -> None:
-        """The assigned partitions now: their committed offsets, known high watermarks, buffers and tables, and
-        their lags (the loop's, which counts from where reading began until the first commit; by default from
-        the committed offset, else from offset 0)."""
+        """The assigned partitions now: their committed offsets, known high watermarks and lags (the loop's:
+        ``PartitionState.lag``), buffers and tables."""
         with self._lock:
             for gone in set(self._partitions) - set(committed):
                 del self._partitions[gone]
@@ -280,10 +283,7 @@ class StatusBoard:
                 entry.committed_offset = offset
                 high = highs.get(tp)
                 entry.high_watermark = high
-                if lags is not None and tp in lags:
-                    entry.lag = lags[tp]
-                else:
-                    entry.lag = None if high is None else max(0, high - (offset + 1 if offset is not None else 0))
+                entry.lag = lags.get(tp)
                 entry.buffered_messages = buffered.get(tp, 0)
                 entry.table = (tables or {}).get(tp, "")
             self._buffered_messages = sum(buffered.values())

@@ -9,7 +9,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 ENV_PREFIX = "K2D_"
 TOPIC_PLACEHOLDER = "{topic}"
@@ -39,6 +39,12 @@ def is_secret_key(key: str) -> bool:
     return any(word in lowered for word in _SECRET_WORDS) or bool(parts & _SECRET_PARTS)
 
 
+def s3_option_name(key: str) -> str:
+    """A storage option's name as object_store reads it for S3: lower case, without ``aws_`` (``AWS_ENDPOINT_URL``,
+    ``aws_endpoint_url`` and ``endpoint_url`` are one option)."""
+    return key.lower().removeprefix("aws_")
+
+
 # Object-store URIs whose user part names a container, not a user (``abfss://container@account…``).
 _CONTAINER_USER_SCHEMES = frozenset({"abfs", "abfss", "az", "azure", "adl", "wasb", "wasbs"})
 
@@ -64,15 +70,26 @@ def _schemeless_userinfo(text: str) -> bool:
     return "://" not in text and ":" in head and "/" not in head
 
 
-def uri_secret(text: str) -> str:
-    """The secret a URI carries in its user part (see :func:`without_credentials`), or ""."""
+_MIN_TOKEN_LENGTH = 16
+"""A lone user part this long is taken for a token (``https://<token>@host``); a shorter one for a user name
+(``https://admin@host``), which, redacted, would mask that word in every log line."""
+
+
+def uri_secrets(text: str) -> list[str]:
+    """The secret a URI carries in its user part (see :func:`without_credentials`), as written and
+    percent-decoded; none for a lone user name."""
     parts = urlsplit(text)
     if "@" not in parts.netloc:
-        return text.rpartition("@")[0].split(":", 1)[1] if _schemeless_userinfo(text) else ""
-    user = parts.netloc.rsplit("@", 1)[0]
-    if ":" in user:
-        return user.split(":", 1)[1]
-    return "" if parts.scheme.lower() in _CONTAINER_USER_SCHEMES else user
+        secret = text.rpartition("@")[0].split(":", 1)[1] if _schemeless_userinfo(text) else ""
+    else:
+        user = parts.netloc.rsplit("@", 1)[0]
+        if ":" in user:
+            secret = user.split(":", 1)[1]
+        elif parts.scheme.lower() in _CONTAINER_USER_SCHEMES or len(user) < _MIN_TOKEN_LENGTH:
+            secret = ""
+        else:
+            secret = user
+    return [form for form in dict.fromkeys((secret, unquote(secret))) if form]
 
 
 @dataclass(frozen=True)
@@ -478,7 +495,7 @@ class Config:
         secrets += [v for k, v in self.spark.conf.items() if is_secret_key(k) and v]
         if self.schema_registry.password:
             secrets.append(self.schema_registry.password)
-        secrets += [secret for uri in self._uris() if (secret := uri_secret(uri))]
+        secrets += [secret for uri in self._uris() for secret in uri_secrets(uri)]
         data = dataclasses.asdict(self)
         secrets += [value for path in sorted(self.from_files) if (value := _at(data, path))]
         return list(dict.fromkeys(secrets))

@@ -5,7 +5,14 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from kafka2delta.config.sections import METADATA_COLUMNS, TOPIC_PLACEHOLDER, Config, RouteConfig, without_credentials
+from kafka2delta.config.sections import (
+    METADATA_COLUMNS,
+    TOPIC_PLACEHOLDER,
+    Config,
+    RouteConfig,
+    s3_option_name,
+    without_credentials,
+)
 from kafka2delta.errors import ConfigError
 from kafka2delta.schema import is_required, parse_schema
 
@@ -106,17 +113,17 @@ def validate_storage_options(config: Config, environ: Mapping[str, str], sources
     found: list[tuple[str, str, str]] = []  # (normalised name, where, value)
     for key, value in config.table.storage_options.items():
         where = sources.get(f"table.storage_options.{key}", f"table.storage_options.{key}")
-        if key.lower().removeprefix("aws_") == "profile":
+        if s3_option_name(key) == "profile":
             # deltalake would read the profile, pyarrow's S3 client (the Parquet files) cannot be given one.
             raise ConfigError(
                 where,
                 "set AWS_PROFILE in the environment instead: the log and the Parquet files must use one "
                 "credential, and the Parquet writer's S3 client takes a profile from the environment only",
             )
-        found.append((key.lower().removeprefix("aws_"), where, value))
+        found.append((s3_option_name(key), where, value))
     for key, value in environ.items():
         if key.upper().startswith("AWS_"):
-            found.append((key.lower().removeprefix("aws_"), key, value))
+            found.append((s3_option_name(key), key, value))
     for name, where, value in found:
         if name not in _S3_COMMIT_OPTIONS:
             continue

@@ -238,6 +238,20 @@ def test_values_schema_and_template_guards(run_helm: Callable[..., subprocess.Co
         assert message in result.stderr, f"--set {setting}: {result.stderr}"
 
 
+def test_file_paths_stay_in_the_configmap_and_the_grace_period_rounds_up(
+    render: Callable[..., list[dict[str, Any]]],
+) -> None:
+    # A file's path is no secret (the file is mounted from one): the option rule must not refuse it.
+    docs = render(
+        None,
+        "config.kafka.settings.ssl\\.key\\.location=/etc/kafka/client.pem",
+        "config.ingest.allowed_latency_s=50.5",
+    )
+    data = next(d["data"] for d in _by_kind(docs, "ConfigMap") if d["metadata"]["name"] == "k2d-kafka2delta")
+    assert data["K2D_KAFKA__SETTINGS__SSL_KEY_LOCATION"] == "/etc/kafka/client.pem"
+    assert _workload(docs)["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 51 + 60
+
+
 def test_config_sections_match_the_daemon() -> None:
     """values.schema.json knows exactly the daemon's config sections, so a misspelt section fails `helm
     install` instead of being ignored by the daemon (which skips K2D_ variables of unknown sections)."""

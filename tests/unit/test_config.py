@@ -138,19 +138,23 @@ def test_secret_values_never_printed_in_errors(tmp_path: Path) -> None:
 
 def test_credentials_in_uris_are_masked_and_redacted(tmp_path: Path) -> None:
     environ = {
-        "K2D_SCHEMA_REGISTRY__URL": "http://ingest:regpass@registry:8081",
+        "K2D_SCHEMA_REGISTRY__URL": "http://ingest:reg%40pass@registry:8081",
         "K2D_TABLE__URI": "abfss://lake@account.dfs.core.windows.net/events",
-        "K2D_DEAD_LETTERS__TABLE_URI": "https://tokenvalue@files.example/letters",
+        "K2D_DEAD_LETTERS__TABLE_URI": "https://tokenvalue0123456789@files.example/letters",
     }
     config = load_config(write(tmp_path, MINIMAL), environ=environ)
     masked = config.masked()
     assert masked["schema_registry"]["url"] == f"http://ingest:{MASK}@registry:8081"
+    # As written and decoded; a lone user name (https://admin@…) is no secret: it would mask the word everywhere.
+    assert {"reg%40pass", "reg@pass", "tokenvalue0123456789"} <= set(config.secret_values())
     assert masked["dead_letters"]["table_uri"] == f"https://{MASK}@files.example/letters"
     # An Azure URI's user part is its container, not a secret: it stays readable.
     assert masked["table"]["uri"] == "abfss://lake@account.dfs.core.windows.net/events"
-    assert {"regpass", "tokenvalue"} <= set(config.secret_values()) and "lake" not in config.secret_values()
+    assert "lake" not in config.secret_values()
     summary = "\n".join(config.summary())
-    assert "regpass" not in summary and "tokenvalue" not in summary and "abfss://lake@account" in summary
+    assert "reg%40pass" not in summary and "tokenvalue" not in summary and "abfss://lake@account" in summary
+    admin = load_config(write(tmp_path, MINIMAL), environ={"K2D_SCHEMA_REGISTRY__URL": "https://admin@registry:8081"})
+    assert "admin" not in admin.secret_values()
 
 
 @pytest.mark.parametrize(

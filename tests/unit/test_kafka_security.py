@@ -308,3 +308,26 @@ def test_security_settings_the_java_client_cannot_take_are_refused(extra: dict[s
 def test_a_newline_in_a_password_stays_inside_the_jaas_string() -> None:
     options = kafka_source_options("b:9093", {**SASL, "sasl.password": "two\nlines"})
     assert 'password="two\\nlines";' in options["kafka.sasl.jaas.config"]
+
+
+def test_an_acl_refusal_names_the_key_of_the_subscription() -> None:
+    refused = KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED, "Broker: Topic authorization failed")
+    watch = SecurityWatch(SASL, topic_key="kafka.topic_pattern")
+    assert watch.saw(refused)
+    with pytest.raises(FatalError, match=r"^kafka\.topic_pattern: the broker's ACLs"):
+        watch.check()
+
+
+def test_a_raised_reconnect_backoff_keeps_a_lasting_refusal_one_outage() -> None:
+    # Reconnecting every 2 minutes, a lasting refusal is reported every 2 minutes: still one outage.
+    now = [0.0]
+    watch = SecurityWatch({**SASL, "reconnect.backoff.max.ms": "120000"}, clock=lambda: now[0])
+    watch.admitted()
+    for second in range(0, SECURITY_GRACE_S, 120):
+        now[0] = float(second)
+        watch.saw(KafkaError(KafkaError._AUTHENTICATION, WRONG_PASSWORD))
+        watch.check()
+    now[0] = float(SECURITY_GRACE_S + 60)
+    watch.saw(KafkaError(KafkaError._AUTHENTICATION, WRONG_PASSWORD))
+    with pytest.raises(FatalError, match=r"sasl\.password"):
+        watch.check()

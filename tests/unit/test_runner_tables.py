@@ -8,8 +8,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
-from deltalake import DeltaTable
+from deltalake import DeltaTable, write_deltalake
 
 from kafka2delta.cli import open_table
 from kafka2delta.config import load_config
@@ -17,7 +18,14 @@ from kafka2delta.errors import FatalError
 from kafka2delta.records import ConsumedBatch, TopicPartition
 from kafka2delta.routing import Routes, TableSpec
 from kafka2delta.tables import OpenedTable
-from tests.support.runner import TopicsSource, expression_config, ingest_until_caught_up, messages_of, tables_config
+from tests.support.runner import (
+    LogSource,
+    TopicsSource,
+    expression_config,
+    ingest_until_caught_up,
+    messages_of,
+    tables_config,
+)
 
 A0, A1, B0 = TopicPartition("a", 0), TopicPartition("a", 1), TopicPartition("b", 0)
 
@@ -135,6 +143,39 @@ def test_values_without_fields_before_the_table_has_a_column_are_dead_letters(tm
     assert table.to_pyarrow_table().to_pylist() == [{"n": 1}, {"n": None}]
     assert table.transaction_version("b-0") == 3
     assert DeltaTable(str(tmp_path / "dlq")).to_pyarrow_table().num_rows == 2
+
+
+def test_dead_letters_counted_before_the_table_existed_are_not_counted_again_by_a_replay(tmp_path: Path) -> None:
+    """Found by review: dead letters recorded while a table could not be created yet are counted at once (they are
+    final); another writer then creating the table makes our commit a schema change, whose replay takes them as
+    recorded: counted a second time, as skips, before this."""
+    uri = tmp_path / "free"
+    cfg = load_config(
+        None,
+        environ={
+            "K2D_KAFKA__BOOTSTRAP_SERVERS": "unused:1",
+            "K2D_KAFKA__TOPIC": "t",
+            "K2D_TABLE__URI": str(uri),
+            "K2D_TABLE__SCHEMA_EVOLUTION": "merge",
+            "K2D_INGEST__ALLOWED_LATENCY_S": "0.001",
+            "K2D_DEAD_LETTERS__TABLE_URI": str(tmp_path / "dlq"),
+        },
+    )
+
+    class AnotherWriterCreatesTheTable(LogSource):
+        def consume(self, max_messages: int, timeout: float) -> ConsumedBatch:
+            if self.position == 2 and not (uri / "_delta_log").exists():
+                write_deltalake(str(uri), pa.table({"n": pa.array([7], pa.int64())}))
+            return super().consume(max_messages, timeout)
+
+    source = AnotherWriterCreatesTheTable([b"{}", b"{}", b'{"n": 1}', b'{"n": 2}'], chunk=2)
+    metrics = ingest_until_caught_up(cfg, source)
+    assert source.seeks  # the schema change made it read the partition again
+    assert sorted(DeltaTable(str(uri)).to_pyarrow_table().column("n").to_pylist()) == [1, 2, 7]
+    dead = {"topic": "t", "stage": "coerce"}
+    assert metrics.registry.get_sample_value("kafka2delta_messages_dead_lettered_total", dead) == 2
+    recorded = {"topic": "t", "partition": "0", "reason": "dead_letter_recorded"}
+    assert not metrics.registry.get_sample_value("kafka2delta_messages_skipped_total", recorded)
 
 
 def test_a_json_table_without_schema_needs_merge(tmp_path: Path) -> None:

@@ -108,13 +108,16 @@ def test_an_idle_member_of_the_group_is_ready(served: tuple[StatusBoard, Clock, 
     assert code == 200 and json.loads(body)["reason"] == "in the consumer group, no partition assigned (idle)"
     status_board.table_unreachable("commit (latency): S3 said 503")
     assert get(f"{base}/readyz")[0] == 503
+    status_board.table_reachable()
+    status_board.left_group()  # its assignment lost: not ready until the group gives one again
+    assert get(f"{base}/readyz")[0] == 503
 
 
 def test_readyz_needs_partitions_and_a_reachable_table(served: tuple[StatusBoard, Clock, str]) -> None:
     status_board, _, base = served
     code, _, body = get(f"{base}/readyz")
     assert code == 503 and json.loads(body)["reason"] == "no partition assigned"
-    status_board.partitions({E0: 9, E1: None}, {E0: 10, E1: 4}, {}, 0)
+    status_board.partitions({E0: 9, E1: None}, {E0: 10, E1: 4}, {E0: 0, E1: 4}, {}, 0)
     assert get(f"{base}/readyz")[0] == 200
     status_board.table_unreachable("commit (latency): S3 said 503")
     code, _, body = get(f"{base}/readyz")
@@ -125,7 +128,7 @@ def test_readyz_needs_partitions_and_a_reachable_table(served: tuple[StatusBoard
 
 def feed(status_board: StatusBoard) -> None:
     status_board.set_state("running")
-    status_board.partitions({E0: 99, E1: None, E2: 41}, {E0: 100, E1: 7, E2: 50}, {E2: 3}, 4096)
+    status_board.partitions({E0: 99, E1: None, E2: 41}, {E0: 100, E1: 7, E2: 50}, {E0: 0, E1: 7, E2: 8}, {E2: 3}, 4096)
     for version in range(1, 26):
         status_board.committed(
             CommitRecord(
@@ -181,7 +184,7 @@ def test_status_page_is_self_contained_and_shows_the_state(served: tuple[StatusB
 def test_the_page_escapes_what_it_shows() -> None:
     clock = Clock()
     status_board = board(clock, topic="<b>t</b>")
-    status_board.partitions({E0: 1}, {}, {}, 0)
+    status_board.partitions({E0: 1}, {}, {}, {}, 0)
     page = render_page(status_board.snapshot())
     assert "<b>t</b>" not in page and "&lt;b&gt;t&lt;/b&gt;" in page
 
@@ -276,7 +279,7 @@ def test_every_text_the_board_serves_is_redacted() -> None:
         clock=clock,
         redact=Redactor([f"sv=2022-11-02&sig={encoded}", "hunter2-pw"]),
     )
-    status_board.partitions({E0: 9}, {E0: 10}, {}, 0, {E0: "hunter2-pw-table"})
+    status_board.partitions({E0: 9}, {E0: 10}, {E0: 0}, {}, 0, {E0: "hunter2-pw-table"})
     status_board.table_opened("hunter2-pw-table", f"az://c/t?sig={signature}", 3)
     offsets = {TopicPartition("hunter2-pw", 0): (0, 9)}
     status_board.committed(CommitRecord(4, 1_800_000_000.0, "hunter2-pw", offsets, 10, 0, 0.1, "hunter2-pw"), {})

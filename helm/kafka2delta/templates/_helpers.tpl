@@ -79,10 +79,12 @@ app.kubernetes.io/part-of: kafka2delta
 
 {{/* An option of kafka.settings, table.storage_options or spark.conf: the daemon's rule for them
      (kafka2delta.config.is_secret_key): those words, oauthbearer.config, or a part named key, pem, sas or jaas
-     (ssl.key.pem, AZURE_STORAGE_ACCOUNT_KEY, sasl.jaas.config, fs.azure.sas.<container>.<account>). */}}
+     (ssl.key.pem, AZURE_STORAGE_ACCOUNT_KEY, sasl.jaas.config, fs.azure.sas.<container>.<account>). A file's
+     path is no secret (ssl.key.location, a *_file option): the file is mounted from one. */}}
 {{- define "kafka2delta.assertNotSecretOption" -}}
 {{- $option := index . 1 }}
-{{- if or (regexMatch "(?i)(password|secret|token|credential|oauthbearer\\.config)" $option) (regexMatch "(?i)(^|[._])(key|pem|sas|jaas)([._]|$)" $option) }}
+{{- if regexMatch "(?i)(\\.location|_file)$" $option }}
+{{- else if or (regexMatch "(?i)(password|secret|token|credential|oauthbearer\\.config)" $option) (regexMatch "(?i)(^|[._])(key|pem|sas|jaas)([._]|$)" $option) }}
 {{- fail (printf "config key %q holds a secret: set it under secret: (e.g. secret.extra) so that it goes into a Secret, not the ConfigMap" (printf "%s.%s" (index . 0) $option)) }}
 {{- end }}
 {{- end }}
@@ -251,6 +253,6 @@ app.kubernetes.io/part-of: kafka2delta
 {{- if and .Values.config.ingest (hasKey .Values.config.ingest "retry_after_stop_s") }}
 {{- $retry = .Values.config.ingest.retry_after_stop_s }}
 {{- end }}
-{{- add (int64 (ceil (max $latency $retry))) 60 }}
+{{- add (int64 (ceil (maxf $latency $retry))) 60 }}
 {{- end }}
 {{- end }}
