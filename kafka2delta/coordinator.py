@@ -450,9 +450,30 @@ class Coordinator:
         self.close()
 
 
+def table_identity(table_uri: str) -> str:
+    """One spelling per table, whoever names it (the daemon's ``table.uri``, a job's ``--target``, ``maintain
+    --table``): a local path (``/x/t``, ``x/t``, ``file:///x/t``, ``file:/x/t``) as its absolute resolved path,
+    ``s3a://`` as ``s3://``, the scheme in lower case, no trailing ``/``. A URI already so spelled is unchanged.
+    Pure (no Spark): the daemon takes its coordinator turns under this name too."""
+    uri = table_uri.strip()
+    scheme, sep, rest = uri.partition("://")
+    if uri.startswith("file:"):
+        path = uri.removeprefix("file:")
+        if path.startswith("//"):
+            path = path[2:].removeprefix("localhost")  # file://localhost/x, file:///x
+        return str(Path(path or "/").resolve())
+    if not sep:
+        return str(Path(uri).resolve()) if uri else uri
+    scheme = scheme.lower()
+    if scheme == "s3a":
+        scheme = "s3"
+    return f"{scheme}://{rest}".rstrip("/")
+
+
 def resource_name(table_uri: str) -> str:
-    """A znode/file-safe name for a table: its last path segment plus a hash of the whole URI."""
-    uri = table_uri.rstrip("/")
+    """A znode/file-safe name for a table: its last path segment plus a hash of its URI as
+    :func:`table_identity` spells it, so every spelling of one table takes one lock."""
+    uri = table_identity(table_uri)
     base = re.sub(r"[^A-Za-z0-9_.-]", "_", uri.rsplit("/", 1)[-1])[:60] or "table"
     digest = hashlib.sha256(uri.encode()).hexdigest()[:12]
     return f"{base}-{digest}"

@@ -181,6 +181,13 @@ def _may_hold(values: pa.ChunkedArray, unavailable: str) -> bool:
     return bool(pc.any(pc.equal(values, pa.scalar(target, values.type))).as_py())
 
 
+def placeholder_of(data_type: pa.DataType) -> Any:
+    """Debezium's unchanged-TOAST placeholder (:data:`UNAVAILABLE_VALUE`) as it arrives in a column of
+    ``data_type``: the text, its UTF-8 bytes, or a text array of that one string; None if Debezium never writes it
+    there. A changelog table keeps it as it arrived: ``jobs apply-changes`` fills it as :func:`last_changes` does."""
+    return _placeholder(data_type, UNAVAILABLE_VALUE)
+
+
 def _placeholder(data_type: pa.DataType, unavailable: str) -> Any:
     """How Debezium writes an unchanged TOASTed value in a column of ``data_type`` (None: it never does)."""
     if pa.types.is_string(data_type) or pa.types.is_large_string(data_type):

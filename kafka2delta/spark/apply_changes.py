@@ -8,9 +8,20 @@ image). This job reads it with Delta's streaming source and keeps a table of one
 one MERGE per micro-batch, turn by turn like ``mutate`` and ``ttl`` (:class:`~kafka2delta.spark.jobs.TurnJob`).
 
 A micro-batch (``foreachBatch``): drop ``_before``; keep each key's last change, the one with the greatest position
-``(coalesce(_lsn, -1), kafka_partition, kafka_offset)`` (without ``_lsn`` when the changelog has none); create the
-target at the first batch (the changelog's columns, the key NOT NULL, ``_deleted`` when soft; deletion vectors on;
-Spark-only), add the columns the changelog gained since (the daemon's schema evolution); then one MERGE:
+``(coalesce(_lsn, -1), kafka_partition, kafka_offset)`` (without ``_lsn`` when the changelog has none; a batch holding
+several topics' changes without ``_lsn`` is refused: their Kafka positions are unrelated); create the target at the
+first batch, even an empty one (the changelog's columns, the key NOT NULL, ``_deleted`` when soft; deletion vectors
+on; Spark-only), add the columns the changelog gained since (the daemon's schema evolution); then one MERGE. The
+collapse ends the way separate batches would (docs/DESIGN.md invariant 13), as the daemon's upsert mode does
+(:func:`kafka2delta.changes.collapse.last_changes`):
+
+- Debezium's unchanged-TOAST placeholder (a Debezium changelog, one with ``_lsn``: ``__debezium_unavailable_value``,
+  its bytes, ``[placeholder]``) takes the key's latest earlier real value in the batch (in ``hard`` mode, after its
+  last delete: none, null); left unfilled, the MERGE keeps the row's value (an insert gets null);
+- ``soft``: a key whose last change is a delete takes its data columns from the key's last upsert in the batch, if
+  any (the delete's key and position), as if that upsert had been applied and then the delete.
+
+The MERGE:
 
 - a change reaches an existing row only if its position is greater than the row's (lexicographically): a replay, a
   duplicate or a late change never moves a row backwards; it is ignored, and counted;
@@ -42,20 +53,20 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from deltalake import DeltaTable as RsTable
-
 from kafka2delta import faults
+from kafka2delta.changes.collapse import placeholder_of
 from kafka2delta.changes.options import BEFORE_COLUMN, CHANGE_COLUMNS, CHANGELOG_METADATA, DELETE_FLAG, DELETED_COLUMN
-from kafka2delta.config import TOPIC_PLACEHOLDER, Config
-from kafka2delta.coordinator import Coordinator
+from kafka2delta.config import TOPIC_PLACEHOLDER, Config, RouteConfig
+from kafka2delta.coordinator import Coordinator, table_identity
 from kafka2delta.errors import ConfigError, Kafka2DeltaError
 from kafka2delta.spark.errors import CheckpointMismatch, TableNotWritable, translate
 from kafka2delta.spark.jobs import TurnJob, TurnStats, checkpoint_location
 from kafka2delta.spark.mutations import Target, _q, _Txn
-from kafka2delta.spark.session import spark_path
 from kafka2delta.spark.tables import (
     TableStats,
     check_writable,
+    is_table,
+    open_table,
     spark_only_table,
     table_stats,
     txn_versions,
@@ -70,6 +81,11 @@ logger = logging.getLogger(__name__)
 
 OP, SOURCE_TS, LSN = (CHANGE_COLUMNS[name][0] for name in ("op", "source_ts", "lsn"))
 PARTITION, OFFSET = (f"kafka_{name}" for name in CHANGELOG_METADATA)
+TOPIC = "kafka_topic"
+"""The changelog's topic column (``table.metadata_columns = ["topic"]``), when it has one."""
+VALUES_FLAG = "__k2d_upsert_values"
+"""The MERGE source's column telling, on a soft delete, that its data columns are its key's last upsert in the batch
+(never a table column)."""
 DEFAULT_JOB_NAME = "apply-changes"
 DEFAULT_MAX_FILES_PER_TRIGGER = 1000
 TARGET_PROPERTIES = {"delta.enableDeletionVectors": "true", SPARK_ONLY_PROPERTY: "true"}
@@ -95,7 +111,7 @@ class ApplyOptions:
 
 
 def _norm(uri: str) -> str:
-    return spark_path(uri.removeprefix("file://")).rstrip("/")
+    return table_identity(uri)
 
 
 def _matches(configured: str, uri: str, topics: re.Pattern[str] | None = None) -> bool:
@@ -117,20 +133,55 @@ def daemon_tables(config: Config) -> list[tuple[str, str]]:
     return [(key, uri) for key, uri in tables if uri]
 
 
-def source_route(config: Config, source: str) -> tuple[str, tuple[str, ...], str] | None:
-    """(config key, key columns, delete mode) of the route whose table is ``source`` (routes first, then
-    ``[table]``, as routing does; an empty key or delete mode falls back to ``[table]``'s)."""
+def _writer_route(config: Config, uri: str) -> tuple[str, RouteConfig | None] | None:
+    """(config key, route; None for ``[table]``) of the route whose table is ``uri`` (routes first, then
+    ``[table]``, as routing does)."""
     table = config.table
     for i, route in enumerate(config.routes):
-        uri = route.uri or table.uri
+        template = route.uri or table.uri
         # A route takes its own topic or pattern: ``{topic}`` in its URI stands for those topics only.
         topics = re.compile(route.topic_pattern) if route.topic_pattern else None
         if route.topic:
-            uri = uri.replace(TOPIC_PLACEHOLDER, route.topic)
-        if uri and _matches(uri, source, topics):
-            return f"routes[{i}]", route.key or table.key, route.delete_mode or table.delete_mode
-    if table.uri and _matches(table.uri, source):
-        return "table", table.key, table.delete_mode
+            template = template.replace(TOPIC_PLACEHOLDER, route.topic)
+        if template and _matches(template, uri, topics):
+            return f"routes[{i}]", route
+    if table.uri and _matches(table.uri, uri):
+        return "table", None
+    return None
+
+
+def source_route(config: Config, source: str) -> tuple[str, tuple[str, ...], str] | None:
+    """(config key, key columns, delete mode) of the route whose table is ``source`` (routes first, then
+    ``[table]``, as routing does; an empty key or delete mode falls back to ``[table]``'s)."""
+    found = _writer_route(config, source)
+    if found is None:
+        return None
+    where, route = found
+    table = config.table
+    if route is None:
+        return where, table.key, table.delete_mode
+    return where, route.key or table.key, route.delete_mode or table.delete_mode
+
+
+def changelog_route(config: Config, uri: str) -> str | None:
+    """The config key (``table`` or ``routes[i]``) of a route writing ``uri`` (a URI or the ``{topic}`` template
+    ``table.uri`` itself) as a changelog table (``mode = "changelog"``); None if the config writes none there."""
+    table = config.table
+    routes: list[tuple[str, str, str, re.Pattern[str] | None]] = [
+        (
+            f"routes[{i}]",
+            (route.uri or table.uri).replace(TOPIC_PLACEHOLDER, route.topic) if route.topic else route.uri or table.uri,
+            route.mode or table.mode,
+            re.compile(route.topic_pattern) if route.topic_pattern else None,
+        )
+        for i, route in enumerate(config.routes)
+    ]
+    routes.append(("table", table.uri, table.mode, None))
+    for where, template, mode, topics in routes:
+        if mode != "changelog" or not template:
+            continue
+        if _norm(template) == _norm(uri) or _matches(template, uri, topics) or _matches(uri, template):
+            return where
     return None
 
 
@@ -208,27 +259,84 @@ def _tracking(column: str) -> bool:
     return column in (OP, SOURCE_TS, LSN) or column.startswith("kafka_")
 
 
-def merge_clauses(key: Sequence[str], columns: Sequence[str], *, has_lsn: bool, soft: bool) -> list[Clause]:
-    """The MERGE's clauses, in order, for a batch with ``columns`` (the target has them all)."""
+def merge_clauses(
+    key: Sequence[str],
+    columns: Sequence[str],
+    *,
+    has_lsn: bool,
+    soft: bool,
+    placeholders: Mapping[str, str] | None = None,
+) -> list[Clause]:
+    """The MERGE's clauses, in order, for a batch with ``columns`` (the target has them all).
+
+    ``placeholders``: column → SQL literal of Debezium's unchanged-TOAST placeholder there (:func:`placeholders`).
+    A change still holding it (no earlier change of the batch gave the value: :func:`last_changes`) keeps the row's
+    value; an insert gets null. ``soft``: a delete whose data columns are its key's last upsert in the batch
+    (:data:`VALUES_FLAG`) sets them too."""
     newer, delete = newer_condition(has_lsn), f"s.{_q(DELETE_FLAG)}"
-    every = {c: f"s.{_q(c)}" for c in columns}
+    holes = placeholders or {}
+
+    def kept(column: str, otherwise: str) -> str:
+        source = f"s.{_q(column)}"
+        if column not in holes:
+            return source
+        return f"CASE WHEN {source} <=> {holes[column]} THEN {otherwise} ELSE {source} END"
+
+    update = {c: kept(c, f"t.{_q(c)}") for c in columns}
+    insert = {c: kept(c, "NULL") for c in columns}
     if not soft:
         return [
             Clause("delete", f"{delete} AND {newer}"),
-            Clause("update", f"NOT {delete} AND {newer}", every),
-            Clause("insert", f"NOT {delete}", every),
+            Clause("update", f"NOT {delete} AND {newer}", update),
+            Clause("insert", f"NOT {delete}", insert),
         ]
+    values = f"s.{_q(VALUES_FLAG)}"
     marker = {c: f"s.{_q(c)}" for c in columns if c in key or _tracking(c)}
     return [
+        Clause("update", f"{delete} AND {values} AND {newer}", {**update, DELETED_COLUMN: "true"}),
         Clause(
             "update",
             f"{delete} AND {newer}",
             {**{c: e for c, e in marker.items() if c not in key}, DELETED_COLUMN: "true"},
         ),
-        Clause("update", f"NOT {delete} AND {newer}", {**every, DELETED_COLUMN: "false"}),
+        Clause("update", f"NOT {delete} AND {newer}", {**update, DELETED_COLUMN: "false"}),
+        Clause("insert", f"{delete} AND {values}", {**insert, DELETED_COLUMN: "true"}),
         Clause("insert", delete, {**marker, DELETED_COLUMN: "true"}),
-        Clause("insert", f"NOT {delete}", {**every, DELETED_COLUMN: "false"}),
+        Clause("insert", f"NOT {delete}", {**insert, DELETED_COLUMN: "false"}),
     ]
+
+
+def sql_literal(value: Any) -> str:
+    """A placeholder value (:func:`~kafka2delta.changes.collapse.placeholder_of`: text, bytes, a list of text) as
+    Spark SQL."""
+    if isinstance(value, str):
+        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    if isinstance(value, bytes):
+        return f"X'{value.hex().upper()}'"
+    if isinstance(value, list):
+        return "array(" + ", ".join(sql_literal(v) for v in value) + ")"
+    raise TypeError(f"no SQL literal for {value!r}")
+
+
+def placeholders(schema: StructType, key: Sequence[str]) -> dict[str, str]:
+    """Column → SQL literal of Debezium's unchanged-TOAST placeholder as it arrives in that column (the
+    changelog keeps it as it came), for the data columns that can hold it (not the key, not the position columns):
+    the types :func:`~kafka2delta.changes.collapse.placeholder_of` knows, read through Spark's Arrow mapping."""
+    from pyspark.errors import PySparkException
+    from pyspark.sql.pandas.types import to_arrow_type
+
+    found: dict[str, str] = {}
+    for column in schema.fields:
+        if column.name in key or _tracking(column.name):
+            continue
+        try:
+            arrow = to_arrow_type(column.dataType)
+        except (PySparkException, TypeError, ValueError):  # a type Arrow has no mapping for: never a placeholder
+            continue
+        value = placeholder_of(arrow)
+        if value is not None:
+            found[column.name] = sql_literal(value)
+    return found
 
 
 def missing_columns(source: StructType, target: StructType) -> list[tuple[str, DataType]]:
@@ -305,22 +413,73 @@ def _check_not_past(target: Target, txn_app_id: str, applied: int, batch_id: int
         )
 
 
-def last_changes(batch: DataFrame, key: Sequence[str]) -> DataFrame:
-    """The last change of each key (null keys dropped), with the MERGE's delete flag."""
-    from pyspark.sql import Window
+def last_changes(
+    batch: DataFrame, key: Sequence[str], *, soft: bool = False, placeholders: Mapping[str, str] | None = None
+) -> DataFrame:
+    """The last change of each key (null keys dropped), with the MERGE's delete flag (and, ``soft``,
+    :data:`VALUES_FLAG`), collapsed the way separate micro-batches would end, as the daemon's upsert mode collapses
+    a flush (:func:`kafka2delta.changes.collapse.last_changes`):
+
+    - ``placeholders`` (column → SQL literal, :func:`placeholders`): a last change holding Debezium's unchanged-TOAST
+      placeholder takes the key's latest earlier value in the batch that is not the placeholder; in ``hard`` mode
+      only one after the key's last delete (the row was gone), and with none after it, null. Otherwise the
+      placeholder stays, and the MERGE keeps the row's value (:func:`merge_clauses`).
+    - ``soft``: a key whose last change is a delete takes the data columns of its last upsert in the batch (the key,
+      the position, ``_op`` and the other change and Kafka columns stay the delete's), flagged
+      :data:`VALUES_FLAG`, as if that upsert had been merged and then the delete.
+    """
     from pyspark.sql import functions as F
 
-    order = [F.coalesce(F.col(_q(LSN)), F.lit(-1).cast("bigint")).desc()] if LSN in batch.columns else []
-    order += [F.col(_q(PARTITION)).desc(), F.col(_q(OFFSET)).desc()]
-    window = Window.partitionBy(*(F.col(_q(c)) for c in key)).orderBy(*order)
-    rank = "__k2d_rank"
-    keyed = batch.where(" AND ".join(f"{_q(c)} IS NOT NULL" for c in key))
-    return (
-        keyed.withColumn(rank, F.row_number().over(window))
-        .where(F.col(rank) == 1)
-        .drop(rank)
-        .withColumn(DELETE_FLAG, F.coalesce(F.col(_q(OP)) == F.lit("d"), F.lit(False)))
+    columns = batch.columns
+    minus_one = F.lit(-1).cast("bigint")
+    position = F.struct(
+        *([F.coalesce(F.col(_q(LSN)).cast("bigint"), minus_one).alias("lsn")] if LSN in columns else []),
+        F.coalesce(F.col(_q(PARTITION)).cast("bigint"), minus_one).alias("partition"),
+        F.coalesce(F.col(_q(OFFSET)).cast("bigint"), minus_one).alias("offset"),
     )
+    deleted = F.coalesce(F.col(_q(OP)) == F.lit("d"), F.lit(False))
+    upsert = ~deleted
+    row = F.struct(*(F.col(_q(c)) for c in columns))
+    last, last_upsert, last_delete = "__k2d_last", "__k2d_last_upsert", "__k2d_last_delete"
+    aggregates = [F.max_by(row, position).alias(last)]
+    if soft:
+        aggregates.append(F.max_by(F.when(upsert, row), F.when(upsert, position)).alias(last_upsert))
+    holes = dict(placeholders or {})
+    given = {c: f"__k2d_given_{i}" for i, c in enumerate(holes)}
+    if holes and not soft:
+        aggregates.append(F.max(F.when(deleted, position)).alias(last_delete))
+    for column, literal in holes.items():
+        real = upsert & ~F.col(_q(column)).eqNullSafe(F.expr(literal))
+        value = F.struct(F.col(_q(column)).alias("value"), position.alias("position"))
+        aggregates.append(F.max_by(F.when(real, value), F.when(real, position)).alias(given[column]))
+    keyed = batch.where(" AND ".join(f"{_q(c)} IS NOT NULL" for c in key))
+    grouped = keyed.groupBy(*(F.col(_q(c)).alias(f"__k2d_key_{i}") for i, c in enumerate(key))).agg(*aggregates)
+
+    chosen = F.col(last)
+    is_delete = F.coalesce(chosen.getField(OP) == F.lit("d"), F.lit(False))
+    with_values = (is_delete & F.col(last_upsert).isNotNull()) if soft else F.lit(False)
+    selected = []
+    for column in columns:
+        value = chosen.getField(column)
+        if soft and column not in key and not _tracking(column):
+            value = F.when(with_values, F.col(last_upsert).getField(column)).otherwise(value)
+        if column in holes:
+            found = F.col(given[column])
+            unset = value.eqNullSafe(F.expr(holes[column]))
+            if soft:
+                value = F.when(unset & found.isNotNull(), found.getField("value")).otherwise(value)
+            else:
+                after_delete = F.col(last_delete).isNull() | (found.getField("position") > F.col(last_delete))
+                value = (
+                    F.when(unset & found.isNotNull() & after_delete, found.getField("value"))
+                    .when(unset & F.col(last_delete).isNotNull(), F.lit(None))
+                    .otherwise(value)
+                )
+        selected.append(value.alias(column))
+    selected.append(is_delete.alias(DELETE_FLAG))
+    if soft:
+        selected.append(with_values.alias(VALUES_FLAG))
+    return grouped.select(*selected)
 
 
 def create_target(session: SparkSession, target: Target, schema: StructType, key: Sequence[str], soft: bool) -> None:
@@ -378,8 +537,7 @@ def apply_batch(
     from pyspark.sql import functions as F
 
     target, counts = options.target, ChangeCounts()
-    storage = dict(target.storage_options) or None
-    exists = RsTable.is_deltatable(target.uri, storage)
+    exists = is_table(target.uri, target.storage_options)
     applied = target.applied_version(txn_app_id) if exists else -1
     _check_not_past(target, txn_app_id, applied, batch_id)
     if applied == batch_id:
@@ -388,12 +546,30 @@ def apply_batch(
         return counts
     step = f"jobs apply-changes batch {batch_id} (txnVersion {batch_id} of {txn_app_id})"
     rows = batch.drop(BEFORE_COLUMN) if BEFORE_COLUMN in batch.columns else batch
-    latest = last_changes(rows, options.key)
+    soft, has_lsn = options.delete_mode == "soft", LSN in rows.columns
     try:
+        # A Debezium changelog (it has _lsn) keeps the unchanged-TOAST placeholders as they came.
+        holes = placeholders(rows.schema, options.key) if has_lsn else {}
+        latest = last_changes(rows, options.key, soft=soft, placeholders=holes)
         null_key = " OR ".join(f"{_q(c)} IS NULL" for c in options.key)
-        total = rows.agg(F.count(F.lit(1)), F.count_if(F.expr(null_key))).first()
+        figures = [F.count(F.lit(1)), F.count_if(F.expr(null_key))]
+        if TOPIC in rows.columns:
+            # Changes without a source position are ordered by their Kafka position: unrelated across topics.
+            unpositioned = F.count_if(F.col(_q(LSN)).isNull()) if has_lsn else F.count(F.lit(1))
+            figures += [F.count_distinct(F.col(_q(TOPIC))), unpositioned]
+        total = rows.agg(*figures).first()
         assert total is not None
         counts.changes, counts.null_keys = int(total[0]), int(total[1] or 0)
+        if TOPIC in rows.columns and int(total[2] or 0) > 1 and int(total[3] or 0) > 0:
+            raise ConfigError(
+                "--source",
+                f"batch {batch_id} of {options.source.uri} holds the changes of {int(total[2])} topics "
+                f"({TOPIC}), {int(total[3])} of them without a source position ({LSN}"
+                f"{' is null' if has_lsn else ': the changelog has no such column'}): changes are then ordered by "
+                "their Kafka partition and offset, which are unrelated across topics, so an older change could "
+                "win. Write each topic to its own changelog table ({topic} in table.uri), or use a source with a "
+                f"position (Debezium's PostgreSQL connector fills {LSN})",
+            )
         if counts.null_keys:
             logger.warning(
                 "batch %d: %d change(s) with a null key column (%s) ignored",
@@ -401,17 +577,18 @@ def apply_batch(
                 counts.null_keys,
                 ",".join(options.key),
             )
+        if not exists:
+            # Even for an empty batch: Spark records it as done in the checkpoint when it returns, and a checkpoint
+            # with done batches and no target is refused (the target would miss their changes). An empty batch
+            # changes nothing else, so no txn is needed for it: a replay finds nothing to apply either.
+            create_target(session, target, rows.schema, options.key, soft)
         if counts.changes == 0:
             return counts
-        if not exists:
-            create_target(session, target, rows.schema, options.key, options.delete_mode == "soft")
         add_new_columns(session, target, rows.schema)
         if counts.changes == counts.null_keys:
             return counts
-        clauses = merge_clauses(
-            options.key, rows.columns, has_lsn=LSN in rows.columns, soft=options.delete_mode == "soft"
-        )
-        before = RsTable(target.uri, storage_options=storage).version()
+        clauses = merge_clauses(options.key, rows.columns, has_lsn=has_lsn, soft=soft, placeholders=holes)
+        before = open_table(target.uri, target.storage_options, key="--target").version()
         condition = " AND ".join(f"t.{_q(c)} = s.{_q(c)}" for c in options.key)
         builder = DeltaTable.forPath(session, target.path).alias("t").merge(latest.alias("s"), condition)
         for clause in clauses:
@@ -500,16 +677,14 @@ class ApplyChangesJob(TurnJob[ApplyStats]):
         self.options = options
 
     def _exists(self, table: Target) -> bool:
-        return bool(RsTable.is_deltatable(table.uri, dict(table.storage_options) or None))
+        return is_table(table.uri, table.storage_options)
 
     def prepare(self) -> None:
         """The source is a changelog with the key columns; an existing target is the job's and fits the options."""
         source, target, key = self.options.source, self.options.target, self.options.key
         if not self._exists(source):
             raise ConfigError("--source", f"no Delta table at {source.uri}")
-        columns = {
-            f.name for f in RsTable(source.uri, storage_options=dict(source.storage_options) or None).schema().fields
-        }
+        columns = {f.name for f in open_table(source.uri, source.storage_options, key="--source").schema().fields}
         missing = [c for c in (*key, OP, PARTITION, OFFSET) if c not in columns]
         if missing:
             raise ConfigError(
@@ -517,16 +692,32 @@ class ApplyChangesJob(TurnJob[ApplyStats]):
                 f"{source.uri} is not a changelog table (table.mode = 'changelog') with key {','.join(key)}: it "
                 f"lacks the column(s) {', '.join(missing)}",
             )
+        if LSN not in columns and TOPIC not in columns:
+            logger.warning(
+                "%s has neither %s nor %s: the job orders changes by Kafka partition and offset and cannot tell "
+                "whether the changelog mixes topics (their positions are unrelated); keep one topic per changelog",
+                source.uri,
+                LSN,
+                TOPIC,
+            )
         self.check_target()
         if not self._exists(target):
             return
-        have = {
-            f.name: f for f in RsTable(target.uri, storage_options=dict(target.storage_options) or None).schema().fields
-        }
-        absent = [c for c in (*key, PARTITION, OFFSET) if c not in have]
+        fields = open_table(target.uri, target.storage_options, key="--target").schema().fields
+        have = {f.name: f for f in fields}
+        # The job makes exactly the key columns NOT NULL (create_target): they say which key made the target.
+        made_with = [f.name for f in fields if not f.nullable]
+        if set(made_with) != set(key):
+            raise ConfigError(
+                "--key",
+                f"{target.uri} was made with key {','.join(made_with) or '(none)'} (its NOT NULL columns), not "
+                f"{','.join(key)}: its rows are one per key of {','.join(made_with) or '(none)'}. Give --key "
+                f"{','.join(made_with)}, or a new --target (with its own --job-name) for key {','.join(key)}",
+            )
+        absent = [c for c in (PARTITION, OFFSET) if c not in have]
         if absent:
             raise ConfigError(
-                "--key", f"{target.uri} lacks the column(s) {', '.join(absent)}: was it made with another --key?"
+                "--target", f"{target.uri} lacks the column(s) {', '.join(absent)}: it is no apply-changes target"
             )
         soft = self.options.delete_mode == "soft"
         if soft != (DELETED_COLUMN in have):
@@ -576,7 +767,7 @@ class ApplyChangesJob(TurnJob[ApplyStats]):
         """False when the checkpoint's last batch ended at a version past the changelog's newest."""
         offset = json.loads(offsets[0])
         source = self.options.source
-        newest = RsTable(source.uri, storage_options=dict(source.storage_options) or None).version()
+        newest = open_table(source.uri, source.storage_options, key="--source").version()
         done = int(offset["index"]) == -1 and not offset.get("isStartingVersion", True)
         return not (done and newest < int(offset["reservoirVersion"]))
 
@@ -631,11 +822,16 @@ class ApplyChangesJob(TurnJob[ApplyStats]):
 __all__ = [
     "DEFAULT_JOB_NAME",
     "TARGET_PROPERTIES",
+    "VALUES_FLAG",
     "ApplyChangesJob",
     "ApplyOptions",
     "ChangeCounts",
     "apply_batch",
+    "changelog_route",
+    "last_changes",
     "merge_clauses",
     "newer_condition",
+    "placeholders",
     "resolve_options",
+    "sql_literal",
 ]

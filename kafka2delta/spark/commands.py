@@ -157,8 +157,12 @@ def run(args: argparse.Namespace, config: Config) -> int:
         session = _session(args, config, args.action)
         return _maintain(args, config, session, tables, job_name)
     from kafka2delta import faults
+    from kafka2delta.spark.jobs import check_job_name, check_not_changelog
 
     faults.arm_from_environment()
+    check_job_name(job_name)  # before the JVM starts (20 s)
+    if args.action in ("mutate", "ttl"):
+        check_not_changelog(config, args.action)
     resource = config.table.uri
     if args.action == "apply-changes":
         from kafka2delta.spark.apply_changes import resolve_options

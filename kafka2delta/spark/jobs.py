@@ -19,6 +19,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from kafka2delta.config import Config
 from kafka2delta.coordinator import Coordinator, CoordinatorError
-from kafka2delta.errors import ConfigError, Kafka2DeltaError
+from kafka2delta.errors import ConfigError, Kafka2DeltaError, RetryableError
 from kafka2delta.spark.errors import ConflictingCommit, SourceSchemaChanged, SparkJobError, translate
 from kafka2delta.spark.kafka_source import kafka_source_options
 from kafka2delta.spark.mutations import (
@@ -81,15 +82,53 @@ def checkpoint_location(config: Config, job: str, table_uri: str = "") -> str:
     return f"{spark_path(base).rstrip('/')}/{job}"
 
 
+_DAEMON_TXN_SUFFIX = re.compile(r".*-\d+")
+
+
+def check_job_name(name: str) -> None:
+    """A job's txnAppId is ``<app_id>-<job name>``; the daemon's are ``<app_id>-<partition>``,
+    ``<app_id>-<topic>-<partition>`` and ``<app_id>-dlq-<partition>``: a name that is a number or ends in
+    ``-<number>`` could be one of them (``orders-3``), and the job's txn versions would then be taken for a
+    partition's offsets, or the other way round. ConfigError naming ``--job-name``."""
+    if name.isdigit() or _DAEMON_TXN_SUFFIX.fullmatch(name):
+        raise ConfigError(
+            "--job-name",
+            f"{name!r} could collide with the ingest daemon's txn ids (<app_id>-<partition>, "
+            "<app_id>-<topic>-<partition>): the job commits as <app_id>-<job name>, so a name must not be a number "
+            "or end in '-<number>' (e.g. apply-orders, not orders-3)",
+        )
+
+
+def check_not_changelog(config: Config, job: str) -> None:
+    """``jobs mutate``/``ttl`` change ``table.uri``; refuse it when the config writes it as a changelog table: their
+    UPDATE/DELETE is a data-change commit, which stops the ``jobs apply-changes`` streaming query reading the
+    changelog (Delta's streaming source refuses a source whose rows were changed or deleted) and never reaches the
+    current-state table. ConfigError naming ``table.mode`` (or the route's ``mode``)."""
+    from kafka2delta.spark.apply_changes import changelog_route
+
+    where = changelog_route(config, config.table.uri)
+    if where is None:
+        return
+    raise ConfigError(
+        f"{where}.mode" if where != "table" else "table.mode",
+        f"{config.table.uri} is a changelog table (mode = 'changelog'): 'jobs {job}' would update or delete its rows, "
+        "a data-change commit that stops the 'jobs apply-changes' query reading it and never reaches the "
+        "current-state table it keeps. Erase or change the data in the source database instead: Debezium's "
+        "changes reach the changelog and, through apply-changes, its target (a delete, with --delete-mode hard, "
+        "removes the row there); run mutate/ttl only with a config whose table.uri is an append or upsert table",
+    )
+
+
 class TurnJob(Generic[StatsT]):
     """A streaming job run turn by turn under the coordinator: the loop ``mutate``, ``ttl`` and ``apply-changes``
     share. A subclass says what a turn does (:meth:`work`, its query with ``Trigger.AvailableNow``), what it
     checks once before the first turn (:meth:`prepare`) and before and after each turn's work
     (:meth:`check_target`), whether its source has anything new (:meth:`source_pending`), and what it reports."""
 
-    retryable: tuple[type[Exception], ...] = (ConflictingCommit, SourceSchemaChanged, CoordinatorError)
+    retryable: tuple[type[Exception], ...] = (ConflictingCommit, SourceSchemaChanged, CoordinatorError, RetryableError)
     """What fails a turn and not the job: a commit lost to another writer, the source's schema changing while
-    the query read it, a ZooKeeper blip. The next turn runs the query again from the checkpoint."""
+    the query read it, a ZooKeeper blip, storage failing (a Delta log that could not be read). The next turn runs
+    the query again from the checkpoint."""
 
     def __init__(
         self,
@@ -103,8 +142,7 @@ class TurnJob(Generic[StatsT]):
         stats: StatsT,
         step: str,
     ) -> None:
-        if name.isdigit():  # <app_id>-<digits> is the daemon's txnAppId of a partition
-            raise ConfigError("--job-name", f"must not be a number (got {name!r})")
+        check_job_name(name)
         # Its own SQL conf (the txn settings of idempotent DML), sharing the SparkContext: several jobs may run
         # in one process (tests, notebooks) without seeing each other's settings.
         self.session = session.newSession()
@@ -215,7 +253,8 @@ class TurnJob(Generic[StatsT]):
             self._prepared = True
 
     def run_turn(self) -> bool:
-        """One turn; False if the coordinator gave none. Raises ConflictingCommit / SparkJobError."""
+        """One turn; False if the coordinator gave none. Raises ConflictingCommit / SparkJobError (a retryable
+        error, :attr:`retryable`, is counted in ``stats.conflicts``)."""
         from py4j.protocol import Py4JError
         from pyspark.errors import PySparkException
 
@@ -227,17 +266,19 @@ class TurnJob(Generic[StatsT]):
             self.stats.skip_reasons[reason] = self.stats.skip_reasons.get(reason, 0) + 1
             return False
         with turn:
-            self.check_target()
             try:
-                self._batch_error = None
-                self.work()
-            except (PySparkException, Py4JError) as exc:
-                error: Exception = self._batch_error or translate(exc, self._step)
-                self._batch_error = None
-                if isinstance(error, self.retryable):
-                    self.stats.conflicts += 1
-                raise error from exc
-            self.check_target()
+                self.check_target()
+                try:
+                    self._batch_error = None
+                    self.work()
+                except (PySparkException, Py4JError) as exc:
+                    error: Exception = self._batch_error or translate(exc, self._step)
+                    self._batch_error = None
+                    raise error from exc
+                self.check_target()
+            except self.retryable:
+                self.stats.conflicts += 1
+                raise
         self.stats.turns += 1
         return True
 
@@ -323,6 +364,7 @@ class StreamingJob(TurnJob[JobStats]):
     ) -> None:
         if job not in ("mutate", "ttl"):
             raise ValueError(job)
+        check_not_changelog(config, job)
         name = job_name or job
         super().__init__(
             session,
@@ -502,4 +544,13 @@ class StreamingJob(TurnJob[JobStats]):
         return result.rows_updated + result.rows_deleted + self.stats.retention_deleted
 
 
-__all__ = ["JobStats", "SparkJobError", "StreamingJob", "TurnJob", "TurnStats", "checkpoint_location"]
+__all__ = [
+    "JobStats",
+    "SparkJobError",
+    "StreamingJob",
+    "TurnJob",
+    "TurnStats",
+    "check_job_name",
+    "check_not_changelog",
+    "checkpoint_location",
+]

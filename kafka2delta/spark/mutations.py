@@ -288,10 +288,17 @@ class Target:
         return spark_path(self.uri)
 
     def applied_version(self, txn_app_id: str) -> int:
-        """The table's txn version of ``txn_app_id`` (-1 if none), read with deltalake."""
-        from deltalake import DeltaTable as RsTable
+        """The table's txn version of ``txn_app_id`` (-1 if none), read with deltalake (a storage failure: a
+        :class:`~kafka2delta.errors.RetryableError`)."""
+        from deltalake.exceptions import DeltaError
 
-        version = RsTable(self.uri, storage_options=dict(self.storage_options) or None).transaction_version(txn_app_id)
+        from kafka2delta.errors import RetryableError
+        from kafka2delta.spark.tables import open_table
+
+        try:
+            version = open_table(self.uri, self.storage_options).transaction_version(txn_app_id)
+        except (DeltaError, OSError) as exc:
+            raise RetryableError(f"reading the txn version of {txn_app_id} in {self.uri}: {exc}") from exc
         return -1 if version is None else int(version)
 
 

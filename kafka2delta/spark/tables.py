@@ -67,18 +67,28 @@ class TableStats:
     """Files of the current version with a deletion vector (Spark-only tables)."""
 
 
-def _open(uri: str, storage_options: Mapping[str, str]) -> DeltaTable:
+def open_table(uri: str, storage_options: Mapping[str, str] = {}, *, key: str = "table.uri") -> DeltaTable:
+    """The table at ``uri`` (deltalake): ConfigError naming ``key`` if there is none, RetryableError if storage
+    failed (the jobs retry that at their next turn)."""
     try:
         return DeltaTable(uri, storage_options=dict(storage_options) or None)
     except TableNotFoundError as exc:
-        raise ConfigError("table.uri", f"no Delta table at {uri}") from exc
+        raise ConfigError(key, f"no Delta table at {uri}") from exc
     except (DeltaError, OSError) as exc:
         raise RetryableError(f"reading the Delta log of {uri}: {exc}") from exc
 
 
+def is_table(uri: str, storage_options: Mapping[str, str] = {}) -> bool:
+    """Whether a Delta table is at ``uri`` (RetryableError if storage failed: not an answer)."""
+    try:
+        return bool(DeltaTable.is_deltatable(uri, dict(storage_options) or None))
+    except (DeltaError, OSError) as exc:
+        raise RetryableError(f"looking for a Delta table at {uri}: {exc}") from exc
+
+
 def add_actions(uri: str, storage_options: Mapping[str, str] = {}) -> pa.Table:
     """One row per file of the current version: ``path``, ``size_bytes``, ``num_records``, ``min.<c>``, ``max.<c>``."""
-    table = _open(uri, storage_options)
+    table = open_table(uri, storage_options)
     try:
         return pa.table(table.get_add_actions(flatten=True))
     except (DeltaError, OSError) as exc:
@@ -86,7 +96,7 @@ def add_actions(uri: str, storage_options: Mapping[str, str] = {}) -> pa.Table:
 
 
 def table_stats(uri: str, storage_options: Mapping[str, str] = {}) -> TableStats:
-    table = _open(uri, storage_options)
+    table = open_table(uri, storage_options)
     try:
         actions = pa.table(table.get_add_actions(flatten=True))
         # numRecords counts a file's rows before its deletion vector; deltalake reads the vectors, not the data.
@@ -106,7 +116,7 @@ def table_stats(uri: str, storage_options: Mapping[str, str] = {}) -> TableStats
 
 def spark_only_table(uri: str, storage_options: Mapping[str, str] = {}) -> bool:
     """Whether the table at ``uri`` is Spark-only (ConfigError naming ``table.uri`` if there is no table)."""
-    return is_spark_only(_open(uri, storage_options).metadata().configuration)
+    return is_spark_only(open_table(uri, storage_options).metadata().configuration)
 
 
 def check_writable(uri: str, storage_options: Mapping[str, str] = {}, *, spark_only_ok: bool = False) -> None:
@@ -116,7 +126,7 @@ def check_writable(uri: str, storage_options: Mapping[str, str] = {}, *, spark_o
     A Spark-only table (``kafka2delta.sparkOnly = true``: a ``jobs apply-changes`` target, which uses deletion
     vectors) is accepted when ``spark_only_ok`` (``apply-changes`` itself, ``maintain``) and refused otherwise:
     ``mutate`` and ``ttl`` are daemon-safe jobs for the daemon's tables."""
-    table = _open(uri, storage_options)
+    table = open_table(uri, storage_options)
     configuration = table.metadata().configuration
     if is_spark_only(configuration):
         if spark_only_ok:
@@ -225,7 +235,7 @@ def storage_path(log_path: str) -> str:
 
 def referenced_paths(uri: str, storage_options: Mapping[str, str] = {}) -> set[str]:
     """Relative paths (storage form, :func:`storage_path`) of the files of the current version."""
-    table = _open(uri, storage_options)
+    table = open_table(uri, storage_options)
     paths = pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist()
     return {storage_path(str(path)) for path in paths}
 

@@ -440,6 +440,7 @@ def test_apply_changes_guards(run_helm: Callable[..., subprocess.CompletedProces
         f"{table}.name=Products": "does not match pattern",
         f"{table}.name={'p' * 21}": "maxLength",
         f"{table}.name=customers": "already the name of another table",
+        f"{table}.name=orders-2": "ends in -<number>",
         f"{table}.source=null": "applyChanges/tables/1/source",
         f"{table}.deleteMode=purge": "value must be one of",
         f"{table}.target=s3://lake/bronze/orders/": "a table the daemon writes",

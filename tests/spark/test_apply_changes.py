@@ -18,6 +18,7 @@ import pytest
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from pyspark.sql.types import LongType, MapType, StringType, StructField, StructType
 
+from kafka2delta.changes import UNAVAILABLE_VALUE
 from kafka2delta.cli import _parser
 from kafka2delta.config import Config, load_config
 from kafka2delta.coordinator import Coordinator, NoBackend
@@ -144,9 +145,10 @@ def test_the_position_guard_the_clauses_and_a_schema_change_under_the_query() ->
         ("insert", "NOT s.`__k2d_delete`"),
     ]
     soft = merge_clauses(["id"], ["id", "name", "_op", "kafka_offset"], has_lsn=False, soft=True)
-    # A soft delete keeps the data and moves the position; its marker for an unknown key holds no data.
-    assert soft[0].assignments == {"_op": "s.`_op`", "kafka_offset": "s.`kafka_offset`", "_deleted": "true"}
-    assert soft[2].kind == "insert" and "name" not in soft[2].assignments and soft[2].assignments["_deleted"] == "true"
+    # A soft delete with no upsert of its key in the batch keeps the data and moves the position; its marker for an
+    # unknown key holds no data (tests/unit/test_apply_changes.py: the clauses of one after an upsert).
+    assert soft[1].assignments == {"_op": "s.`_op`", "kafka_offset": "s.`kafka_offset`", "_deleted": "true"}
+    assert soft[4].kind == "insert" and "name" not in soft[4].assignments and soft[4].assignments["_deleted"] == "true"
     # The changelog's new columns, nested ones too, as ALTER TABLE ADD COLUMNS takes them.
     x = StructField("x", LongType())
     old = StructType([StructField("id", LongType()), StructField("a", StructType([x]))])
@@ -429,3 +431,169 @@ def test_refuses_targets_of_other_writers_and_sources_that_are_no_changelog(spar
     with pytest.raises(ConfigError, match="--target: is the --source"):
         run(log.uri, log.uri + "/")
     assert not (tmp_path / "target").exists()
+
+
+# -- a micro-batch ends the way separate micro-batches would (docs/DESIGN.md invariant 13)
+
+PLACEHOLDER = UNAVAILABLE_VALUE
+TOAST_SCHEMA = SCHEMA.append(pa.field("blob", pa.binary())).append(pa.field("tags", pa.list_(pa.string())))
+UNCHANGED: dict[str, Any] = {"name": PLACEHOLDER, "blob": PLACEHOLDER.encode(), "tags": [PLACEHOLDER]}
+"""Debezium's unchanged-TOAST placeholder as each column type holds it (text, bytea, text[])."""
+
+
+def _apply(spark: Any, config: Config, source: str, target: str, mode: str, name: str) -> Report:
+    options = resolve_options(
+        config, source=source, target=target, key=["id"], delete_mode=mode, max_files_per_trigger=1
+    )
+    job = ApplyChangesJob(spark, config, options, Coordinator(NoBackend(), target), job_name=name)
+    report = job.run(available_now=True)
+    print(f"\n{report.text()}")
+    return report
+
+
+@pytest.mark.parametrize("mode", ["hard", "soft"])
+def test_one_micro_batch_ends_as_one_per_change_would(spark: Any, tmp_path: Path, mode: str) -> None:
+    """The same changes applied as one micro-batch and as one micro-batch per change of a key: the same target.
+    Debezium's unchanged-TOAST placeholders take the key's latest earlier value in the batch, else keep the row's;
+    a soft delete after an upsert of the same batch keeps that upsert's values (found by review: the placeholder
+    overwrote the values, and the soft delete lost the upsert, or kept an older one)."""
+    one, each = Changelog(str(tmp_path / "one")), Changelog(str(tmp_path / "each"))
+    row = one.row  # one sequence of positions for both changelogs
+    setup = [
+        row("c", 1, "a", 1, blob=b"A", tags=["x"]),
+        row("c", 2, "b", 1, blob=b"B", tags=["y"]),
+        row("c", 4, "d", 1, blob=b"D", tags=["z"]),
+        row("c", 10, "y0", 1),
+        row("c", 14, "real", 1, blob=b"R", tags=["r"]),
+    ]
+    rounds = [  # the k-th change of each key
+        [
+            row("u", 1, n=2, **UNCHANGED),  # all three unchanged: the row's values stay
+            row("u", 2, "b2", 2, blob=b"B2", tags=[PLACEHOLDER]),
+            row("u", 3, n=3, **UNCHANGED),  # a key the target lacks: null
+            row("d", 4),
+            row("u", 10, "y", 2),
+            row("c", 11, "a", 1),
+            row("c", 12, "a", 1),
+            row("d", 13),
+            row("u", 14, n=2, **UNCHANGED),
+        ],
+        [
+            row("u", 2, n=3, **UNCHANGED),  # the batch's earlier b2/B2; the row's [y]
+            row("c", 4, n=4, **UNCHANGED),  # after a hard delete: null; after a soft one, the row's values
+            row("d", 10),  # the values of its update of this batch, not the row's older ones
+            row("d", 11),  # a key new to the target: its create's values, marked
+            row("d", 12),
+            row("d", 14),  # its update's values: the row's, which the placeholders kept
+        ],
+        [row("c", 12, "b", 2)],
+        [row("d", 12)],  # the last upsert before the last delete
+    ]
+    one.append(*setup, schema=TOAST_SCHEMA)
+    one.append(*(change for changes in rounds for change in changes), schema=TOAST_SCHEMA)
+    each.append(*setup, schema=TOAST_SCHEMA)
+    for changes in rounds:
+        each.append(*changes, schema=TOAST_SCHEMA)
+    config = _config(tmp_path, one.uri)
+    targets = {name: str(tmp_path / f"current-{name}") for name in ("one", "each")}
+    reports = {
+        name: _apply(spark, config, log.uri, targets[name], mode, f"apply-{name}")
+        for name, log in (("one", one), ("each", each))
+    }
+    assert (reports["one"].details["batches"], reports["each"].details["batches"]) == (2, 1 + len(rounds))
+    last = {r["id"]: r for changes in rounds for r in changes}
+
+    def kept(key: int, **values: Any) -> dict[str, Any]:
+        return current([last[key]], **values, **({"_deleted": False} if mode == "soft" else {}))
+
+    expected = {
+        1: kept(1, name="a", blob=b"A", tags=["x"]),
+        2: kept(2, name="b2", blob=b"B2", tags=["y"]),
+        3: kept(3, name=None, blob=None, tags=None),
+        4: kept(4, name=None, blob=None, tags=None) if mode == "hard" else kept(4, name="d", blob=b"D", tags=["z"]),
+    }
+    if mode == "soft":
+        marked = {"_deleted": True}
+        expected |= {
+            10: current([last[10]], name="y", n=2, blob=None, tags=None, **marked),
+            11: current([last[11]], name="a", n=1, blob=None, tags=None, **marked),
+            12: current([last[12]], name="b", n=2, blob=None, tags=None, **marked),
+            13: current([last[13]], blob=None, tags=None, **marked),
+            14: current([last[14]], name="real", n=2, blob=b"R", tags=["r"], **marked),
+        }
+    states = {name: _state(spark, target) for name, target in targets.items()}
+    assert states["each"] == expected
+    assert states["one"] == expected
+
+
+def test_an_empty_first_micro_batch_makes_the_target(spark: Any, tmp_path: Path) -> None:
+    """A changelog whose first versions hold no rows (made from its schema, then the daemon's empty start commit):
+    an empty micro-batch is recorded done in the checkpoint like any, so it makes the target, and the next run goes
+    on from it (found by review: it made nothing, and every later run refused the checkpoint without a target)."""
+    log = Changelog(str(tmp_path / "changelog"))
+    write_deltalake(log.uri, SCHEMA.empty_table())
+    start = CommitProperties(app_transactions=[Transaction("events-0", 0)])
+    write_deltalake(log.uri, SCHEMA.empty_table(), mode="append", commit_properties=start)
+    target = str(tmp_path / "current")
+    config = _config(tmp_path, log.uri)
+    options = resolve_options(config, source=log.uri, target=target)
+    empty = apply_batch(spark, spark.read.format("delta").load(log.uri), 0, options, "events-apply-changes")
+    assert empty.changes == 0 and DeltaTable(target).version() == 0  # made, and nothing else
+    assert DeltaTable(target).transaction_version("events-apply-changes") is None
+    shutil.rmtree(target)
+
+    first = _run(spark, config, options)
+    done = sorted(p.name for p in (tmp_path / "checkpoints" / "apply-changes" / "commits").glob("[0-9]*"))
+    print(f"batches done by the first run: {done}")
+    assert first.status == "ok" and DeltaTable(target).version() >= 0
+    c1 = log.append(log.row("c", 1, "a"))[0]
+    second = _run(spark, config, options)
+    assert second.details["inserted"] == 1 and _state(spark, target) == {1: current([c1])}
+
+
+def test_a_target_made_with_another_key_is_refused(spark: Any, tmp_path: Path) -> None:
+    log = Changelog(str(tmp_path / "changelog"))
+    log.append(log.row("c", 1, "a"), log.row("c", 2, "a"))
+    config = _config(tmp_path, log.uri)
+    target = str(tmp_path / "current")
+    assert _run(spark, config, resolve_options(config, source=log.uri, target=target)).details["inserted"] == 2
+    options = resolve_options(config, source=log.uri, target=target, key=["id", "name"])
+    with pytest.raises(
+        ConfigError, match=r"--key: .* was made with key id \(its NOT NULL columns\), not id,name"
+    ) as info:
+        _run(spark, config, options)
+    print(info.value)
+
+
+def test_a_changelog_mixing_topics_without_source_positions_is_refused(spark: Any, tmp_path: Path) -> None:
+    """Without ``_lsn`` changes are ordered by Kafka partition and offset, unrelated across topics: here the older
+    change (of topic b) has the greater offset and would win."""
+    fields = [pa.field("id", pa.int64(), nullable=False), pa.field("name", pa.string()), pa.field("_op", pa.string())]
+    kafka = [
+        pa.field("kafka_topic", pa.string()),
+        pa.field("kafka_partition", pa.int32()),
+        pa.field("kafka_offset", pa.int64()),
+    ]
+    changes = [
+        {"id": 1, "name": "old", "_op": "c", "_lsn": 10, "kafka_topic": "b", "kafka_partition": 0, "kafka_offset": 9},
+        {"id": 1, "name": "new", "_op": "u", "_lsn": 20, "kafka_topic": "a", "kafka_partition": 0, "kafka_offset": 5},
+    ]
+    plain, positioned = str(tmp_path / "plain"), str(tmp_path / "positioned")
+    write_deltalake(plain, pa.Table.from_pylist(changes, pa.schema([*fields, *kafka])))
+    write_deltalake(
+        positioned, pa.Table.from_pylist(changes, pa.schema([*fields, pa.field("_lsn", pa.int64()), *kafka]))
+    )
+    config = _config(tmp_path, plain)
+    target = str(tmp_path / "current")
+    with pytest.raises(
+        ConfigError, match=r"--source: batch 0 of .*plain holds the changes of 2 topics .*no such column"
+    ) as info:
+        _run(spark, config, resolve_options(config, source=plain, target=target))
+    print(info.value)
+    assert not Path(target).exists()
+    # With the source's own position the two topics' changes are ordered by it.
+    options = resolve_options(config, source=positioned, target=str(tmp_path / "ordered"), key=["id"])
+    ApplyChangesJob(spark, config, options, Coordinator(NoBackend(), "t"), job_name="apply-ordered").run(
+        available_now=True
+    )
+    assert _state(spark, str(tmp_path / "ordered"))[1]["name"] == "new"
