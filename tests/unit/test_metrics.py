@@ -4,7 +4,9 @@ per-row end-to-end latency, scrape-time gauges, and bounded labels."""
 from __future__ import annotations
 
 import random
+import re
 import time
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -204,3 +206,71 @@ def test_lag_of_partitions_no_longer_ours_is_removed() -> None:
     metrics.unassigned([TopicPartition("t", 1), TopicPartition("t", 7)])
     assert value(metrics.registry, "kafka2delta_consumer_lag", topic="t", partition="0") == 5
     assert value(metrics.registry, "kafka2delta_consumer_lag", topic="t", partition="1") is None
+
+
+def test_an_increment_of_0_makes_no_per_partition_series() -> None:
+    """Found by review: ``rows_written`` (and ``consumed``, for a fetch of only duplicates) got a series at 0 for
+    each increment of 0; with a routing expression, one for every partition × every table it may route to."""
+    metrics = Metrics()
+    metrics.consumed("t", 0, 0)
+    metrics.skipped("t", 0, "duplicate", 0)
+    metrics.dead_lettered("t", "coerce", 0)
+    rows = {TopicPartition("t", 0): 0, TopicPartition("t", 1): 2}
+    stats = CommitStats(
+        table="orders", reason="latency", version=1, rows=rows, file_sizes=[], flush_seconds=0.1, commit_seconds=0.1
+    )
+    metrics.committed(stats)
+    r = metrics.registry
+    assert value(r, "kafka2delta_rows_written_total", topic="t", partition="0", table="orders") is None
+    assert value(r, "kafka2delta_rows_written_total", topic="t", partition="1", table="orders") == 2
+    exposed = generate_latest(r).decode()
+    for family in ("messages_consumed", "messages_skipped", "messages_dead_lettered"):
+        assert f"kafka2delta_{family}_total{{" not in exposed, family
+    # Per table (bounded by the configured tables), a commit's series are there from its first commit, even at 0.
+    assert value(r, "kafka2delta_files_written_total", table="orders") == 0
+    assert value(r, "kafka2delta_commits_total", table="orders", reason="latency") == 1
+
+
+def test_the_latency_buckets_can_tell_a_p50_under_2_s() -> None:
+    """Found by review: no bound between 1 and 2.5 s, so ``histogram_quantile(0.5, …)`` could not say whether the
+    steady-state P50 met its target (< 2 s): a P50 of 1.1 s and one of 2.4 s read the same."""
+    assert {1.5, 2.0, 3.0, 4.0} <= set(LATENCY_BUCKETS)
+    assert list(LATENCY_BUCKETS) == sorted(set(LATENCY_BUCKETS))
+    wall = [1_000_000.0]
+    metrics = Metrics(wall_clock=lambda: wall[0])
+    now_ms = 1_000_000_000
+    stamps = pa.array([now_ms - 1_800] * 6 + [now_ms - 2_400] * 4, pa.int64())  # 1.8 s and 2.4 s
+    stats = CommitStats(
+        table="events",
+        reason="latency",
+        version=1,
+        rows={TopicPartition("t", 0): 10},
+        file_sizes=[],
+        flush_seconds=0.1,
+        commit_seconds=0.1,
+        row_timestamps_ms={"t": [stamps]},
+    )
+    metrics.committed(stats)
+    bucket = "kafka2delta_end_to_end_latency_seconds_bucket"
+    assert value(metrics.registry, bucket, topic="t", table="events", le="2.0") == 6  # the P50 is under 2 s
+    assert value(metrics.registry, bucket, topic="t", table="events", le="1.5") == 0
+
+
+@pytest.mark.parametrize("document", ["README.md", "docs/OPERATING.md"])
+def test_the_documented_metrics_tables_match_the_registered_metrics(document: str) -> None:
+    # README's table once said `topic` where the code had `table` for nine metrics: both tables are checked.
+    metrics = Metrics()
+    fire_every_event(metrics)
+    registered: dict[str, tuple[str, set[str]]] = {}
+    for family in metrics.registry.collect():
+        name = f"{family.name}_total" if family.type == "counter" else family.name
+        labels = {label for sample in family.samples for label in sample.labels if label != "le"}
+        registered[name] = (family.type, labels)
+    text = (Path(__file__).resolve().parents[2] / document).read_text(encoding="utf-8")
+    documented = {}
+    for line in text.splitlines():
+        if line.startswith("| `kafka2delta_"):
+            name, kind, label_cell = (cell.strip() for cell in line.split("|")[1:4])
+            words = {label.strip() for label in re.sub(r"\(.*?\)", "", label_cell).split(",")} - {"—"}
+            documented[name.strip("`")] = (kind, words)
+    assert documented == registered
