@@ -163,8 +163,12 @@ def test_dead_letters_counted_before_the_table_existed_are_not_counted_again_by_
     )
 
     class AnotherWriterCreatesTheTable(LogSource):
+        """Holds offsets 2 and 3 back until the first flush has recorded its dead letters, then creates the table."""
+
         def consume(self, max_messages: int, timeout: float) -> ConsumedBatch:
             if self.position == 2 and not (uri / "_delta_log").exists():
+                if not (tmp_path / "dlq" / "_delta_log").exists():
+                    return ConsumedBatch()  # the first flush has not committed yet
                 write_deltalake(str(uri), pa.table({"n": pa.array([7], pa.int64())}))
             return super().consume(max_messages, timeout)
 
