@@ -452,22 +452,32 @@ class Coordinator:
 
 def table_identity(table_uri: str) -> str:
     """One spelling per table, whoever names it (the daemon's ``table.uri``, a job's ``--target``, ``maintain
-    --table``): a local path (``/x/t``, ``x/t``, ``file:///x/t``, ``file:/x/t``) as its absolute resolved path,
-    ``s3a://`` as ``s3://``, the scheme in lower case, no trailing ``/``. A URI already so spelled is unchanged.
+    --table``): a local path (``/x/t``, ``x/t``, ``file:///x/t``, ``file:/x/t``) as its absolute normalised path
+    (links not followed), ``s3a://`` as ``s3://``, the scheme in lower case, no trailing ``/``. A URI already so
+    spelled is unchanged.
     Pure (no Spark): the daemon takes its coordinator turns under this name too."""
     uri = table_uri.strip()
     scheme, sep, rest = uri.partition("://")
     if uri.startswith("file:"):
         path = uri.removeprefix("file:")
         if path.startswith("//"):
-            path = path[2:].removeprefix("localhost")  # file://localhost/x, file:///x
-        return str(Path(path or "/").resolve())
+            authority, _, tail = path[2:].partition("/")
+            if authority not in ("", "localhost"):
+                return uri  # file://host/x: another host's path, left as written
+            path = "/" + tail
+        return _absolute(path or "/")
     if not sep:
-        return str(Path(uri).resolve()) if uri else uri
+        return _absolute(uri) if uri else uri
     scheme = scheme.lower()
     if scheme == "s3a":
         scheme = "s3"
     return f"{scheme}://{rest}".rstrip("/")
+
+
+def _absolute(path: str) -> str:
+    """An absolute, normalised path, symlinks not followed: containers that mount one volume under different links
+    name it as they were told, and the lock is theirs to share by spelling it alike."""
+    return os.path.normpath(os.path.abspath(path))
 
 
 def resource_name(table_uri: str) -> str:

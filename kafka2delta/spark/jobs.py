@@ -293,25 +293,29 @@ class TurnJob(Generic[StatsT]):
     ) -> Report:
         """Turns until ``stop`` is set, ``max_turns`` turns ran, or (``available_now``) one turn completed.
 
-        A conflicting commit (or the coordinator's store failing, or the source's schema changing under the query)
-        fails the turn, not the job: the next turn retries (``available_now``: at most ``max_attempts`` turns,
-        then it is raised). Other errors are raised.
+        A conflicting commit (or the coordinator's store failing, or the source's schema changing under the query,
+        or storage failing) fails the turn, not the job: the next turn retries (``available_now``: at most
+        ``max_attempts`` turns, then it is raised). Storage failing ``max_attempts`` turns in a row is raised in a
+        continuous run too: a refusal that lasts (a revoked credential) must stop the job, not warn forever.
+        Other errors are raised.
         """
         stop = stop or threading.Event()
         self._prepare_once()
         interval = self.config.jobs.trigger_interval_s if interval_s is None else interval_s
         started = time.monotonic()
         before = self.table_stats()
-        attempts = 0
+        attempts = storage_failures = 0
         status, reason = "ok", ""
         while not stop.is_set():
             attempts += 1
             conflict = False
             try:
                 ran = self.run_turn()
+                storage_failures = 0
             except self.retryable as exc:
                 logger.warning("%s: %s; retrying at the next turn", self.name, exc)
-                if available_now and attempts >= max_attempts:
+                storage_failures = storage_failures + 1 if isinstance(exc, RetryableError) else 0
+                if (available_now and attempts >= max_attempts) or storage_failures >= max_attempts:
                     raise
                 ran, conflict = False, True
             if available_now and ran:

@@ -28,12 +28,11 @@ from kafka2delta.spark.apply_changes import (
     ApplyChangesJob,
     ApplyOptions,
     apply_batch,
-    merge_clauses,
     missing_columns,
-    newer_condition,
     resolve_options,
     sql_type,
 )
+from kafka2delta.spark.change_merge import merge_clauses, newer_condition
 from kafka2delta.spark.errors import CheckpointMismatch, SourceSchemaChanged, TableNotWritable, translate
 from kafka2delta.spark.report import Report
 from kafka2delta.spark.tables import check_writable, table_stats
@@ -524,6 +523,37 @@ def test_one_micro_batch_ends_as_one_per_change_would(spark: Any, tmp_path: Path
     states = {name: _state(spark, target) for name, target in targets.items()}
     assert states["each"] == expected
     assert states["one"] == expected
+
+
+@pytest.mark.parametrize("mode", ["hard", "soft"])
+def test_a_late_change_in_a_micro_batch_gives_no_values(spark: Any, tmp_path: Path, mode: str) -> None:
+    """Found by review: the values a collapse takes from an earlier change of the batch (a TOAST placeholder's, a
+    soft delete's) came from a late change older than the row too, moving the row's values back. As separate
+    micro-batches would: a late change gives nothing, the row's values stay (late: below the row's _lsn 2000)."""
+    log = Changelog(str(tmp_path / "changes"))
+    row = log.row
+    setup = [row("c", key, "B", 1, blob=b"B", tags=["b"], lsn=2000 + key) for key in (1, 2, 3)]
+    late = [
+        row("u", 1, "A", 9, blob=b"A", tags=["a"], lsn=1500),  # late, then a delete
+        row("d", 1, lsn=3001),
+        row("u", 2, "A", 9, blob=b"A", tags=["a"], lsn=1500),  # late, then the placeholder
+        row("u", 2, n=2, lsn=3002, **UNCHANGED),
+        row("d", 3, lsn=1500),  # a late delete, then the placeholder
+        row("u", 3, n=2, lsn=3003, **UNCHANGED),
+    ]
+    log.append(*setup, schema=TOAST_SCHEMA)
+    log.append(*late, schema=TOAST_SCHEMA)
+    target = str(tmp_path / "current")
+    report = _apply(spark, _config(tmp_path, log.uri), log.uri, target, mode, "apply-late")
+    assert report.details["batches"] == 2
+    state = _state(spark, target)
+    kept = {"name": "B", "blob": b"B", "tags": ["b"]}
+    assert {key: {c: state[key][c] for c in kept} for key in (2, 3)} == {2: kept, 3: kept}
+    assert state[2]["n"] == state[3]["n"] == 2
+    if mode == "soft":
+        assert {c: state[1][c] for c in (*kept, "n", "_deleted")} == {**kept, "n": 1, "_deleted": True}
+    else:
+        assert 1 not in state
 
 
 def test_an_empty_first_micro_batch_makes_the_target(spark: Any, tmp_path: Path) -> None:

@@ -26,12 +26,12 @@ from kafka2delta.changes import UNAVAILABLE_VALUE
 from kafka2delta.config import Config, load_config
 from kafka2delta.coordinator import Coordinator, NoBackend
 from kafka2delta.errors import ConfigError, RetryableError
-from kafka2delta.spark.apply_changes import (
+from kafka2delta.spark.apply_changes import ApplyChangesJob, ApplyOptions, changelog_route
+from kafka2delta.spark.change_merge import (
     VALUES_FLAG,
-    ApplyChangesJob,
-    ApplyOptions,
-    changelog_route,
+    filled_position,
     merge_clauses,
+    newer_condition,
     placeholders,
     sql_literal,
 )
@@ -91,7 +91,11 @@ def test_a_placeholder_left_keeps_the_rows_value_and_inserts_null() -> None:
         ["id"], ["id", "name", "n", "_op", "kafka_offset"], has_lsn=True, soft=False, placeholders=holes
     )
     update, insert = hard[1].assignments, hard[2].assignments
-    assert update["name"] == f"CASE WHEN s.`name` <=> {TEXT} THEN t.`name` ELSE s.`name` END"
+    # The row's value where the placeholder is left, or where the change that gave the value is not newer than the
+    # row (a late change of the batch never gives values).
+    filled = filled_position("name", holes)
+    late = f"s.`{filled}` IS NOT NULL AND NOT {newer_condition(True, filled)}"
+    assert update["name"] == f"CASE WHEN s.`name` <=> {TEXT} OR ({late}) THEN t.`name` ELSE s.`name` END"
     assert insert["name"] == f"CASE WHEN s.`name` <=> {TEXT} THEN NULL ELSE s.`name` END"
     assert update["n"] == insert["n"] == "s.`n`"  # a column Debezium never fills with the placeholder
     # Without placeholders (a changelog without _lsn is no Debezium changelog) every value is the change's.
@@ -186,6 +190,15 @@ def test_a_storage_error_fails_the_turn_not_the_job(tmp_path: Path) -> None:
     job = FlakyStorage(_config(tmp_path))
     report = job.run(available_now=True, interval_s=0)
     assert report.status == "ok" and report.details["conflicts"] == 1 and report.details["turns"] == 1
+
+
+def test_storage_failing_turn_after_turn_stops_a_continuous_job(tmp_path: Path) -> None:
+    # A refusal that lasts (a revoked credential) must end the job, not warn at every interval forever.
+    job = FlakyStorage(_config(tmp_path))
+    job.failures = 10
+    with pytest.raises(RetryableError, match="connection reset"):
+        job.run(interval_s=0, max_attempts=3)
+    assert job.failures == 7 and job.stats.conflicts == 3
 
 
 def test_raw_deltalake_errors_become_retryable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
