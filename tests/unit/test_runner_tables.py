@@ -13,7 +13,7 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from kafka2delta.cli import open_table
-from kafka2delta.config import load_config
+from kafka2delta.config import Config, load_config
 from kafka2delta.errors import FatalError
 from kafka2delta.records import ConsumedBatch, TopicPartition
 from kafka2delta.routing import Routes, TableSpec
@@ -114,20 +114,27 @@ def test_a_table_without_schema_is_created_from_its_first_rows(tmp_path: Path) -
     assert table.transaction_version("b-0") == 1
 
 
+def schemaless_config(tmp_path: Path, topic: str, **env: str) -> Config:
+    """``topic`` into ``<tmp_path>/free``, a table with no schema (created from its first rows), dead letters in
+    ``<tmp_path>/dlq``; ``env`` adds settings."""
+    return load_config(
+        None,
+        environ={
+            "K2D_KAFKA__BOOTSTRAP_SERVERS": "unused:1",
+            "K2D_KAFKA__TOPIC": topic,
+            "K2D_TABLE__URI": str(tmp_path / "free"),
+            "K2D_TABLE__SCHEMA_EVOLUTION": "merge",
+            "K2D_DEAD_LETTERS__TABLE_URI": str(tmp_path / "dlq"),
+            **env,
+        },
+    )
+
+
 def test_values_without_fields_before_the_table_has_a_column_are_dead_letters(tmp_path: Path) -> None:
     """Found by review: ``{}`` while a new table has no column yet is no row Arrow or Delta can hold; it was
     neither a row, a dead letter nor a counted skip. Once a column exists, ``{}`` is a row of nulls."""
     uri = tmp_path / "free"
-    cfg = load_config(
-        None,
-        environ={
-            "K2D_KAFKA__BOOTSTRAP_SERVERS": "unused:1",
-            "K2D_KAFKA__TOPIC": "b",
-            "K2D_TABLE__URI": str(uri),
-            "K2D_TABLE__SCHEMA_EVOLUTION": "merge",
-            "K2D_DEAD_LETTERS__TABLE_URI": str(tmp_path / "dlq"),
-        },
-    )
+    cfg = schemaless_config(tmp_path, "b")
     metrics = ingest_until_caught_up(cfg, TopicsSource([messages_of(B0, 0, [{}, {}])], {B0: 2}))
     assert not (uri / "_delta_log").exists()
     # No main commit (no row to create the table from), yet the dead letters are final: counted.
@@ -150,17 +157,7 @@ def test_dead_letters_counted_before_the_table_existed_are_not_counted_again_by_
     final); another writer then creating the table makes our commit a schema change, whose replay takes them as
     recorded: counted a second time, as skips, before this."""
     uri = tmp_path / "free"
-    cfg = load_config(
-        None,
-        environ={
-            "K2D_KAFKA__BOOTSTRAP_SERVERS": "unused:1",
-            "K2D_KAFKA__TOPIC": "t",
-            "K2D_TABLE__URI": str(uri),
-            "K2D_TABLE__SCHEMA_EVOLUTION": "merge",
-            "K2D_INGEST__ALLOWED_LATENCY_S": "0.001",
-            "K2D_DEAD_LETTERS__TABLE_URI": str(tmp_path / "dlq"),
-        },
-    )
+    cfg = schemaless_config(tmp_path, "t", K2D_INGEST__ALLOWED_LATENCY_S="0.001")
 
     class AnotherWriterCreatesTheTable(LogSource):
         """Holds offsets 2 and 3 back until the first flush has recorded its dead letters, then creates the table."""
