@@ -314,7 +314,11 @@ class TurnJob(Generic[StatsT]):
                 storage_failures = 0
             except self.retryable as exc:
                 logger.warning("%s: %s; retrying at the next turn", self.name, exc)
-                storage_failures = storage_failures + 1 if isinstance(exc, RetryableError) else 0
+                # Conflicts and schema changes are RetryableErrors too, and normal with other writers: not counted.
+                lasting = isinstance(exc, RetryableError) and not isinstance(
+                    exc, (ConflictingCommit, SourceSchemaChanged)
+                )
+                storage_failures = storage_failures + 1 if lasting else 0
                 if (available_now and attempts >= max_attempts) or storage_failures >= max_attempts:
                     raise
                 ran, conflict = False, True

@@ -35,6 +35,7 @@ from kafka2delta.spark.change_merge import (
     placeholders,
     sql_literal,
 )
+from kafka2delta.spark.errors import ConflictingCommit
 from kafka2delta.spark.jobs import StreamingJob, TurnJob, TurnStats, check_job_name, check_not_changelog
 from kafka2delta.spark.mutations import Target
 
@@ -199,6 +200,22 @@ def test_storage_failing_turn_after_turn_stops_a_continuous_job(tmp_path: Path) 
     with pytest.raises(RetryableError, match="connection reset"):
         job.run(interval_s=0, max_attempts=3)
     assert job.failures == 7 and job.stats.conflicts == 3
+
+
+class Conflicting(FlakyStorage):
+    """Loses every commit to another writer (no coordinator): normal, never the end of a continuous job."""
+
+    def work(self) -> None:
+        if self.failures:
+            self.failures -= 1
+            raise ConflictingCommit("jobs flaky", "ConcurrentAppendException")
+
+
+def test_conflicts_turn_after_turn_do_not_stop_a_continuous_job(tmp_path: Path) -> None:
+    job = Conflicting(_config(tmp_path))
+    job.failures = 10
+    report = job.run(interval_s=0, max_attempts=3, max_turns=12)
+    assert job.failures == 0 and report.details["conflicts"] == 10 and report.details["turns"] == 2
 
 
 def test_raw_deltalake_errors_become_retryable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

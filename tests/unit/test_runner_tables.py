@@ -164,8 +164,8 @@ def test_dead_letters_counted_before_the_table_existed_are_not_counted_again_by_
 
         def consume(self, max_messages: int, timeout: float) -> ConsumedBatch:
             if self.position == 2 and not (uri / "_delta_log").exists():
-                if not (tmp_path / "dlq" / "_delta_log").exists():
-                    return ConsumedBatch()  # the first flush has not committed yet
+                if not (tmp_path / "dlq" / "_delta_log" / "00000000000000000001.json").exists():
+                    return ConsumedBatch()  # the first flush has not committed its dead letters yet (0 is creation)
                 write_deltalake(str(uri), pa.table({"n": pa.array([7], pa.int64())}))
             return super().consume(max_messages, timeout)
 
