@@ -159,9 +159,6 @@ def build_pipeline(config: Config, table_schema: pa.Schema, spec: TableSpec | No
     if config.format.type == "raw" and config.format.raw_column not in table_schema.names and table_schema.names:
         raise ConfigError("format.raw_column", f"column {config.format.raw_column!r} is not in the table")
     evolution = spec.schema_evolution if spec is not None else config.table.schema_evolution
-    # A table created from its first batch takes that batch's fields (Avro/Protobuf: its writer schema).
-    if spec is not None and not spec.columns and not table_schema.names:
-        evolution = "merge"
     return Pipeline(
         deserializer,
         table_schema,
@@ -170,6 +167,8 @@ def build_pipeline(config: Config, table_schema: pa.Schema, spec: TableSpec | No
         "merge" if evolution == "merge" else "none",
         table=spec.name if spec is not None else None,
         changes=changes,
+        # A table created from its first batch takes that batch's fields (Avro/Protobuf: its writer schema).
+        creates_table=spec is not None and not spec.columns,
     )
 
 
@@ -262,16 +261,13 @@ def _status(config: Config) -> int:
     settings = config.kafka.settings
     routes = Routes(config)
     for topic in subscribed_topics(config.kafka.bootstrap_servers, config.kafka, settings):
-        specs = {spec.uri: spec for spec in [routes.table_for(topic)]}
-        if config.routing.expression:
-            specs.update((spec.uri, spec) for spec in routes.tables_by_name(topic).values())
         partitions = [
             TopicPartition(topic, p) for p in topic_partitions(config.kafka.bootstrap_servers, topic, settings)
         ]
         watermarks = high_watermarks(
             config.kafka.bootstrap_servers, topic, [tp.partition for tp in partitions], settings
         )
-        for spec in specs.values():
+        for spec in routes.tables_of(topic):
             _status_table(config, spec, topic, partitions, watermarks)
     return EXIT_OK
 

@@ -4,31 +4,33 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 from deltalake import DeltaTable
+from deltalake import Schema as DeltaSchema
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from kafka2delta.changes import DELETE_FLAG, ChangeOptions
-from kafka2delta.encoded_rows import DATA_ERRORS
-from kafka2delta.errors import RetryableError, RowsRejected, TableNotCreated
+from kafka2delta.errors import RetryableError, SchemaChanged, TableNotCreated
 from kafka2delta.records import OffsetRange, TopicPartition
-from kafka2delta.writer import DeltaWriter, LegacyTxnId, TxnId, rejected_rows
+from kafka2delta.writer import DeltaWriter, LegacyTxnId, TxnId, check_rows
 
 if TYPE_CHECKING:
     from deltalake.transaction import AddAction
 
     from kafka2delta.encoded_rows import EncodedFile
 
+logger = logging.getLogger(__name__)
+
 
 class DeferredTable:
     """A table that does not exist yet and has no configured schema (a route without ``schema``): it is created
     by its first commit with rows, from their schema (what the pipeline took from the first batch). Until then
     it holds no txn, so its partitions start at ``kafka.auto_offset_reset``; another writer creating it first
-    is seen at the next refresh (a schema change, as for any table)."""
+    is seen at the next refresh, or at our first commit (a schema change, as for any table)."""
 
     def __init__(
         self,
@@ -78,10 +80,7 @@ class DeferredTable:
         return self._created(encoded.schema).put_file(tp, offsets, encoded)
 
     def check_rows(self, rows: pa.Table) -> None:
-        try:
-            pq.write_table(rows, pa.BufferOutputStream(), compression=self._compression)
-        except DATA_ERRORS as exc:
-            raise RowsRejected(rejected_rows(rows, self._compression, exc)) from exc
+        check_rows(rows, self._compression)
 
     def commit(
         self,
@@ -106,8 +105,9 @@ class DeferredTable:
     ) -> int:
         if not rows.num_rows and not self._exists():
             raise TableNotCreated(self._uri)
-        version = self._created(rows.schema).commit_evolution(rows, expected, versions, metadata)
-        self.schema = self._created(rows.schema).schema
+        writer = self._created(rows.schema)
+        version = writer.commit_evolution(rows, expected, versions, metadata)
+        self.schema = writer.schema
         return version
 
     def merge(
@@ -154,8 +154,24 @@ class DeferredTable:
         return True
 
     def _created(self, schema: pa.Schema) -> DeltaWriter:
-        if not self._exists():
-            self._writer = DeltaWriter.open(
+        """The writer of the table, created from ``schema`` if it does not exist. SchemaChanged when its schema
+        is not the one the committer last saw (or, when we create it, ``schema``): another writer created it after
+        the committer's schema check, or won the create race (``mode="ignore"`` then opens its table), and an
+        evolution commit would merge our rows into its columns, casting them (1.5 into a long column is 1)."""
+        if self._exists():
+            assert self._writer is not None
+            writer, expected = self._writer, self.schema
+        else:
+            absent = [c for c in self._partition_by if c not in schema.names]
+            if absent:
+                # A Delta table's partition columns are fixed when it is made (found by review: silently dropped).
+                logger.warning(
+                    "%s: created without partition column(s) %s, which its first rows do not carry; a table's "
+                    "partitioning cannot change later (give the route a schema to have them)",
+                    self._uri,
+                    absent,
+                )
+            writer = self._writer = DeltaWriter.open(
                 self._uri,
                 self._options,
                 self._txn_id,
@@ -165,8 +181,11 @@ class DeferredTable:
                 [c for c in self._partition_by if c in schema.names],
                 self._legacy_txn_id,
             )
-        assert self._writer is not None
-        return self._writer
+            expected = pa.schema(DeltaSchema.from_arrow(schema).to_arrow())  # as Delta keeps it (ms as us, …)
+        if not writer.schema.equals(expected, check_metadata=False):
+            self.schema = writer.schema
+            raise SchemaChanged(self._uri, writer.schema)
+        return writer
 
 
 def open_delta_table(

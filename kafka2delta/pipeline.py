@@ -89,20 +89,24 @@ class Pipeline:
         *,
         table: str | None = None,
         changes: ChangeOptions | None = None,
+        creates_table: bool = False,
     ) -> None:
         """``table`` names the table the rows go to in the dead letters (their ``table`` column). ``changes``
         makes the rows changes of an upsert table: every message counts (a tombstone deletes its key), deletes
         skip the transforms and keep only their key and change columns, and each row says whether it deletes;
-        or of a changelog table: every change is a row (with its key), deletes too."""
+        or of a changelog table: every change is a row (with its key), deletes too. ``creates_table``: the table
+        does not exist and has no configured schema, so the first rows' fields make it (``merge``) until
+        :meth:`set_schema` gives it columns; then ``schema_evolution`` holds, as in every other daemon."""
         self._table = table
         self.changes = changes
         self._deserializer = deserializer
         self._transformer = transformer if transformer is not None and transformer.active else None
         self._options = options or CoercionOptions()
-        self._merge = schema_evolution == "merge"
+        self._configured_merge = schema_evolution == "merge"
+        self._merge = self._configured_merge or (creates_table and not table_schema.names)
         self._epoch_columns = frozenset(self._options.epoch_units)
         self._schema = table_schema
-        self.set_schema(table_schema)
+        self._fit(table_schema)
 
     @property
     def schema(self) -> pa.Schema:
@@ -110,7 +114,14 @@ class Pipeline:
         return self._schema
 
     def set_schema(self, schema: pa.Schema) -> None:
-        """Fit rows to ``schema`` from now on (the table changed, or this pipeline evolved it)."""
+        """Fit rows to the table's ``schema`` from now on (our evolution commit, or another writer's change). A
+        table that has columns evolves as configured, whoever created it."""
+        if schema.names:
+            self._merge = self._configured_merge
+        self._fit(schema)
+
+    def _fit(self, schema: pa.Schema) -> None:
+        """Fit rows to ``schema`` from now on (the table's, or the one this pipeline evolved it to)."""
         self._schema = schema
         sources = self._transformer.source_fields(schema) if self._transformer else []
         self._deserializer.set_read_schema(read_schema(schema, sources, self._epoch_columns), schema)
@@ -146,7 +157,7 @@ class Pipeline:
             return result
         dropped = evolve(kept, self._schema, inferred=False).added
         logger.info("schema evolution: not adding %s (only dead letters or filtered messages had them)", dropped)
-        self.set_schema(kept)
+        self._fit(kept)
         result.rows = conform(result.rows, kept)
         result.added_columns = [path for path in result.added_columns if path not in dropped]
         return result
@@ -304,7 +315,7 @@ class Pipeline:
             outcome.note_evolution(evolution.added, evolution.rejected)
         if schema is not self._schema:
             logger.info("schema evolution: adding %s", ", ".join(outcome.added))
-            self.set_schema(schema)
+            self._fit(schema)
         outcome.reread = reread
         return reread
 

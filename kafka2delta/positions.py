@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from functools import partial
 
-from kafka2delta.errors import CommitConflict, TableNotCreated
+from kafka2delta.errors import CommitConflict, SchemaChanged, TableNotCreated
 from kafka2delta.offsets import LogicalOffset, first_offset
 from kafka2delta.records import TopicPartition
 from kafka2delta.retries import Retrier
@@ -17,7 +17,7 @@ from kafka2delta.tables import Tables, TopicTables
 
 logger = logging.getLogger(__name__)
 
-_MARK_ATTEMPTS = 3  # a conflict means another daemon wrote: its txns are read back, the rest marked again
+_MARK_ATTEMPTS = 3  # another daemon wrote (txns or schema): what it wrote is read back, the rest marked again
 
 
 class Positions:
@@ -89,7 +89,8 @@ class Positions:
         watermarks: dict[TopicPartition, tuple[int, int]],
     ) -> bool:
         """One attempt for one table; True when partitions of it are still unmarked (another writer's commit
-        conflicted with ours: what it wrote is read back, and the rest is marked again)."""
+        conflicted with ours: what it wrote is read back, and the rest is marked again; or it changed the schema:
+        the writer has read the new one, and the next attempt commits under it)."""
         starts: dict[TopicPartition, int] = {}
         for tp, held in versions.items():
             if held[uri] is not None:
@@ -106,6 +107,10 @@ class Positions:
             return False  # created with its first rows, which then commit before the other tables' (see _flush)
         except CommitConflict as conflict:
             logger.info("%s: marking partition starts met another writer's commit (%s); reading it", uri, conflict)
+        except SchemaChanged:
+            # An empty commit fits any schema. The stages are not refitted here: the next flush's schema check
+            # sees the change and replays what was fitted to the old one.
+            logger.info("%s: marking partition starts met another writer's schema change; marking again", uri)
         found = self._retrier.run("reading txn versions", partial(table.writer.committed_offsets, list(starts)))
         for tp in starts:
             versions[tp][uri] = found[tp]

@@ -8,21 +8,37 @@ instead: the expression's value is a route's ``name``, among the routes that mat
 
 A table's txn ids name the topic whenever more than one topic can write the table
 (:class:`kafka2delta.offsets.TxnIds`): a URI without ``{topic}`` reached by a pattern, by several routes,
-by the routes of an expression, or by ``[table]`` under a multi-topic subscription.
+by the routes of an expression, or by ``[table]`` under a multi-topic subscription. URIs are compared as
+:func:`table_key` spells them, and every table a topic resolves to is checked against the tables resolved
+before (:meth:`Routes.tables_of`): a table reached again must be reached the same way, and no table may be a
+dead-letter table. A ``{topic}`` URI can only be checked once the topic is known, so for a topic pattern
+that check comes when the topic's tables are opened.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from kafka2delta.changes import CHANGELOG_METADATA, ChangeOptions
-from kafka2delta.config import METADATA_COLUMNS, TOPIC_PLACEHOLDER, Config, RouteConfig
+from kafka2delta.config import METADATA_COLUMNS, TOPIC_PLACEHOLDER, Config, RouteConfig, without_credentials
 from kafka2delta.errors import ConfigError
 from kafka2delta.offsets import TxnIds
+from kafka2delta.records import TopicPartition
 from kafka2delta.schema import is_required
+
+
+def table_key(uri: str) -> str:
+    """``uri`` as tables are compared: two spellings of one table (a trailing ``/``, a relative or ``file://``
+    local path) give one key."""
+    if uri.startswith("file://"):
+        uri = uri[len("file://") :]
+    if "://" not in uri:
+        return os.path.abspath(uri)
+    return uri.rstrip("/")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,6 +60,12 @@ class TableSpec:
     """The dead-letter table of the topics this table takes (a route's own, or the daemon's)."""
     changes: ChangeOptions | None = None
     """Upsert and changelog tables: the mode, key, envelope, delete mode and change columns; None: append."""
+
+    @property
+    def settings(self) -> tuple[object, ...]:
+        """How the table is made and written, beyond where it is and how it names its txns."""
+        columns = tuple(sorted(self.columns.items()))
+        return (columns, self.partition_by, self.schema_evolution, self.metadata_columns, self.changes)
 
 
 @dataclass(frozen=True)
@@ -69,24 +91,44 @@ class Routes:
             declared.append(("table", RouteConfig(uri=table.uri, app_id=table.app_id)))
         # A table (a URI without {topic}) more than one topic can reach: by several routes, or by one route
         # that takes several topics. A daemon of one topic keeps today's ids whatever the routes say.
-        uris = Counter(self._uri(route) for _, route in declared if TOPIC_PLACEHOLDER not in self._uri(route))
+        uris = Counter(table_key(self._uri(r)) for _, r in declared if TOPIC_PLACEHOLDER not in self._uri(r))
         one_topic_daemon = bool(config.kafka.topic)
         routes = []
         for key, route in declared:
             uri = self._uri(route)
-            shared = TOPIC_PLACEHOLDER not in uri and (uris[uri] > 1 or not route.topic)
+            shared = TOPIC_PLACEHOLDER not in uri and (uris[table_key(uri)] > 1 or not route.topic)
             pattern = re.compile(route.topic_pattern) if route.topic_pattern else None
             routes.append(_Route(key, route, pattern, shared and not one_topic_daemon))
         self._routes = routes
         self._one_topic_daemon = one_topic_daemon
+        # Every dead-letter table, by table_key, with the key that names it (for errors).
+        self._dead_letter_keys = {table_key(config.dead_letter_table_uri): "dead_letters.table_uri"}
+        for key, route in declared:
+            if route.dead_letter_table_uri:
+                self._dead_letter_keys.setdefault(
+                    table_key(route.dead_letter_table_uri), f"{key}.dead_letter_table_uri"
+                )
+        self._reached: dict[str, tuple[TableSpec, str]] = {}
+        """Each table resolved so far, by table_key, with the spec and topic that first reached it."""
         self._check_app_ids()
+        for topic in (config.kafka.topic,) if config.kafka.topic else config.kafka.topics:
+            if self._first_route(topic) is not None:  # else an error when the topic is read (table_for)
+                self.tables_of(topic)  # a listed topic's tables are checked at start
 
     def table_for(self, topic: str) -> TableSpec:
         """The table of ``topic`` (routing by topic); ConfigError naming ``routes`` when no route takes it."""
-        for route in self._routes:
-            if route.takes(topic):
-                return self._spec(route, topic)
-        raise ConfigError("routes", f"no route takes topic {topic!r} (and table.uri is empty)")
+        route = self._first_route(topic)
+        if route is None:
+            raise ConfigError("routes", f"no route takes topic {topic!r} (and table.uri is empty)")
+        return self._spec(route, topic)
+
+    def tables_of(self, topic: str) -> list[TableSpec]:
+        """Every table a topic can reach, one spec each: its table by topic, then with ``[routing] expression`` the
+        other tables its routes name."""
+        specs: dict[str, TableSpec] = {}
+        for spec in [self.table_for(topic), *(self.tables_by_name(topic).values() if self._by_expression else ())]:
+            specs.setdefault(table_key(spec.uri), spec)
+        return list(specs.values())
 
     def tables_by_name(self, topic: str) -> dict[str, TableSpec]:
         """With ``[routing] expression``: the tables a message of ``topic`` may name, by route name."""
@@ -111,21 +153,27 @@ class Routes:
 
     def dead_letter_uri(self, topic: str) -> str:
         """The dead-letter table of ``topic``: its first matching route's (the daemon's when none matches)."""
-        for route in self._routes:
-            if route.takes(topic):
-                return self._dead_letter_uri(route)
-        return self._config.dead_letter_table_uri
+        route = self._first_route(topic)
+        return self._config.dead_letter_table_uri if route is None else self._dead_letter_uri(route)
 
     def dead_letter_txn_ids(self, topic: str) -> TxnIds:
         """How ``topic``'s dead letters name their txns: with the first matching route's app id, so they stay the
         same for every message of the topic, and with the topic in them unless the daemon reads one topic (its
         dead-letter table takes every subscribed topic)."""
-        for route in self._routes:
-            if route.takes(topic):
-                return TxnIds(route.config.app_id or self._config.table.app_id, not self._one_topic_daemon)
-        return TxnIds()
+        route = self._first_route(topic)
+        if route is None:
+            return TxnIds()
+        return TxnIds(route.config.app_id or self._config.table.app_id, not self._one_topic_daemon)
 
     # --- resolving --------------------------------------------------------------------------
+
+    @property
+    def _by_expression(self) -> bool:
+        return bool(self._config.routing.expression)
+
+    def _first_route(self, topic: str) -> _Route | None:
+        """The route that takes ``topic`` when routing by topic (the first that matches)."""
+        return next((route for route in self._routes if route.takes(topic)), None)
 
     def _uri(self, route: RouteConfig) -> str:
         return route.uri or self._config.table.uri
@@ -150,7 +198,7 @@ class Routes:
                 for name in changes.key:  # a key column is never null
                     if not is_required(columns[name]):
                         columns[name] = f"{columns[name]} not null"
-        return TableSpec(
+        spec = TableSpec(
             name=config.name or uri,
             uri=uri,
             txn_ids=self._txn_ids(route),
@@ -161,6 +209,40 @@ class Routes:
             route=route.key,
             dead_letter_uri=self._dead_letter_uri(route),
             changes=changes,
+        )
+        self._check_reach(spec, topic)
+        return spec
+
+    def _check_reach(self, spec: TableSpec, topic: str) -> None:
+        """ConfigError when ``spec`` makes a dead-letter table a table, or reaches a table resolved before in
+        another way (a ``{topic}`` URI equal to a route's, two spellings of one URI): under other txn ids, or under
+        ids without the topic from another topic (both topics' partition p would share one txn, and one's commit
+        would pass for the other's: messages lost), or with other settings or another dead-letter table."""
+        key = table_key(spec.uri)
+        shown = without_credentials(spec.uri)
+        named_by = self._dead_letter_keys.get(key)
+        if named_by is not None:
+            raise ConfigError(
+                f"{spec.route}.uri",
+                f"takes topic {topic!r} to {shown}, which is the dead-letter table ({named_by}): give each its own",
+            )
+        first, first_topic = self._reached.setdefault(key, (spec, topic))
+        if first is spec:
+            return
+        partition = (TopicPartition(first_topic, 0), TopicPartition(topic, 0))
+        ids = (first.txn_ids.main(partition[0]), spec.txn_ids.main(partition[1]))
+        if spec.txn_ids != first.txn_ids or (topic != first_topic and not spec.txn_ids.multi_topic):
+            differs = f"txn ids {ids[1]!r} beside {ids[0]!r} (partition 0), which do not both name their topic"
+        elif spec.settings != first.settings:
+            differs = "other table settings (schema, partition_by, schema_evolution, metadata_columns or mode)"
+        elif table_key(spec.dead_letter_uri) != table_key(first.dead_letter_uri):
+            differs = f"another dead-letter table ({without_credentials(spec.dead_letter_uri)})"
+        else:
+            return
+        raise ConfigError(
+            spec.route,
+            f"takes topic {topic!r} to {shown}, which {first.route} already writes for topic {first_topic!r}, with "
+            f"{differs}: give one of them another table, or route both to it by one URI without {TOPIC_PLACEHOLDER}",
         )
 
     def _changes(self, config: RouteConfig) -> ChangeOptions | None:
@@ -205,9 +287,9 @@ class Routes:
         (with ``[routing] expression``, every route: a partition's dead letters have one txn)."""
         letters: dict[str, tuple[str, str]] = {}
         for route in self._routes:
-            uri = "*" if self._config.routing.expression else self._uri(route.config)
+            uri = "*" if self._by_expression else table_key(self._uri(route.config))
             earlier_letters = letters.setdefault(uri, (route.key, self._dead_letter_uri(route)))
-            if earlier_letters[1] != self._dead_letter_uri(route):
+            if table_key(earlier_letters[1]) != table_key(self._dead_letter_uri(route)):
                 raise ConfigError(
                     f"{route.key}.dead_letter_table_uri",
                     f"{self._dead_letter_uri(route)!r} differs from {earlier_letters[0]}'s {earlier_letters[1]!r}"
@@ -219,7 +301,7 @@ class Routes:
             if TOPIC_PLACEHOLDER in uri:
                 continue
             how = self._how_made(route)
-            earlier_how = made.setdefault(uri, (route.key, how))
+            earlier_how = made.setdefault(table_key(uri), (route.key, how))
             if earlier_how[1] != how:
                 raise ConfigError(
                     route.key,
@@ -233,7 +315,7 @@ class Routes:
             if TOPIC_PLACEHOLDER in uri:
                 continue
             app_id = route.config.app_id or self._config.table.app_id
-            earlier = seen.setdefault(uri, (route.key, app_id))
+            earlier = seen.setdefault(table_key(uri), (route.key, app_id))
             if earlier[1] != app_id:
                 raise ConfigError(
                     f"{route.key}.app_id",

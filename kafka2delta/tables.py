@@ -18,7 +18,7 @@ from kafka2delta.metrics import Metrics
 from kafka2delta.pacing import CommitPacer
 from kafka2delta.pipeline import Pipeline
 from kafka2delta.retries import Retrier
-from kafka2delta.routing import Routes, TableSpec
+from kafka2delta.routing import Routes, TableSpec, table_key
 from kafka2delta.status import StatusBoard
 
 
@@ -106,7 +106,7 @@ class Tables:
         self._routers: dict[str, TopicTables] = {}
         self._opener = opener
         # The daemon's dead-letter table serves every route without one of its own.
-        self._dead_letter_tables = {routes.default_dead_letter_uri: dead_letters}
+        self._dead_letter_tables = {table_key(routes.default_dead_letter_uri): dead_letters}
         self._dead_letter_opener = dead_letter_opener
         self._dead_letter_topic = dead_letter_topic
         self._metrics = metrics
@@ -115,13 +115,15 @@ class Tables:
         self._clock = clock
         self._ingest = ingest
         self._sinks: dict[str, TableSink] = {}
+        """By :func:`table_key`; a sink's ``spec.uri`` is how the loop names the table."""
 
     def for_topic(self, topic: str) -> TopicTables:
         """The tables of ``topic``, opened if they are not yet."""
         known = self._routers.get(topic)
         if known is not None:
             return known
-        home = self._open(self._routes.table_for(topic), topic)
+        opened = [self._open(spec, topic) for spec in self._routes.tables_of(topic)]
+        home = opened[0]
         if self._router is None:
             tables = TopicTables(home=home, by_route={})
         else:
@@ -131,11 +133,13 @@ class Tables:
         return tables
 
     def _open(self, spec: TableSpec, topic: str) -> TableSink:
-        sink = self._sinks.get(spec.uri)
+        """The table ``spec`` names, opened if it is not yet: one sink per table, however its URI is spelt (the
+        routes refused two ways of reaching one table)."""
+        sink = self._sinks.get(table_key(spec.uri))
         if sink is None:
             opened = self._retrier.run(f"opening table {spec.uri}", lambda: self._opener(spec))
             dead_letters = self._dead_letters_at(spec.dead_letter_uri)
-            sink = self._sinks[spec.uri] = TableSink(
+            sink = self._sinks[table_key(spec.uri)] = TableSink(
                 spec=spec,
                 writer=opened.writer,
                 dead_letters=dead_letters,
@@ -162,17 +166,17 @@ class Tables:
         return sink
 
     def _dead_letters_at(self, uri: str) -> DeadLetterStore:
-        known = self._dead_letter_tables.get(uri)
+        known = self._dead_letter_tables.get(table_key(uri))
         if known is not None:
             return known
         if self._dead_letter_opener is None:
             raise ValueError(f"a route's own dead-letter table {uri}: the Tables need a dead-letter opener")
         opened = self._retrier.run(f"opening dead-letter table {uri}", lambda: self._dead_letter_opener(uri))  # type: ignore[misc]
-        self._dead_letter_tables[uri] = opened
+        self._dead_letter_tables[table_key(uri)] = opened
         return opened
 
     def __getitem__(self, uri: str) -> TableSink:
-        return self._sinks[uri]
+        return self._sinks[table_key(uri)]
 
     def __iter__(self) -> Iterator[TableSink]:
         return iter(self._sinks.values())

@@ -156,6 +156,24 @@ def log_versions(uri: str, storage_options: Mapping[str, str]) -> list[int]:
     return sorted(versions)
 
 
+def legacy_txn_owner(table: DeltaTable, uri: str) -> tuple[str, bool]:
+    """The topic that wrote a table's one-topic txn ids (``<app_id>-<partition>``), and whether the table's property
+    already names it (else its newest commits written with those ids do)."""
+    owner = table.metadata().configuration.get(LEGACY_OWNER_PROPERTY)
+    if owner:
+        return str(owner), True
+    for entry in table.history(_HISTORY_LOOKED_AT):
+        info = entry.get("kafka2delta")
+        # A commit with one-topic txn ids: before 0.2 (no "multi_topic"), or since, of a one-topic table.
+        if isinstance(info, dict) and not info.get("multi_topic") and isinstance(info.get("topic"), str):
+            return str(info["topic"]), False
+    raise ConfigError(
+        "table.app_id",
+        f"{uri} holds txn ids of a single-topic configuration but no commit among its last "
+        f"{_HISTORY_LOOKED_AT} says which topic wrote them: keep a configuration with one topic for this table",
+    )
+
+
 class DeltaWriter:
     """One handle on the table; every read of txn versions and every commit goes through it."""
 
@@ -290,7 +308,7 @@ class DeltaWriter:
             return
         recorded = True
         if self._legacy_owner is None:
-            self._legacy_owner, recorded = self._topic_of_single_topic_commits()
+            self._legacy_owner, recorded = legacy_txn_owner(self._table, self._uri)
         owned = {tp: version for tp, version in older.items() if tp.topic == self._legacy_owner and version is not None}
         found.update(owned)
         if owned or not recorded:
@@ -322,22 +340,6 @@ class DeltaWriter:
             logger.info("%s: txn ids not migrated this time (the schema changed: %s)", self._uri, exc.schema)
         finally:
             self._migrating = False
-
-    def _topic_of_single_topic_commits(self) -> tuple[str, bool]:
-        """The topic that wrote the one-topic txn ids, and whether the table's property already names it."""
-        owner = self._table.metadata().configuration.get(LEGACY_OWNER_PROPERTY)
-        if owner:
-            return str(owner), True
-        for entry in self._table.history(_HISTORY_LOOKED_AT):
-            info = entry.get("kafka2delta")
-            # A commit with one-topic txn ids: before 0.2 (no "multi_topic"), or since, of a one-topic table.
-            if isinstance(info, dict) and not info.get("multi_topic") and isinstance(info.get("topic"), str):
-                return str(info["topic"]), False
-        raise ConfigError(
-            "table.app_id",
-            f"{self._uri} holds txn ids of a single-topic configuration but no commit among its last "
-            f"{_HISTORY_LOOKED_AT} says which topic wrote them: keep a configuration with one topic for this table",
-        )
 
     def write_files(self, tp: TopicPartition, offsets: OffsetRange, rows: pa.Table) -> list[AddAction]:
         """Write the rows of one Kafka partition as Parquet (one file per table partition value).
@@ -400,11 +402,7 @@ class DeltaWriter:
         return f"{tp.topic}-{tp.partition}-{offsets.first}-{offsets.last}-{unique}.{self._compression}.parquet"
 
     def check_rows(self, rows: pa.Table) -> None:
-        """Raise :class:`RowsRejected` when Parquet refuses some rows (for commits delta-rs writes itself)."""
-        try:
-            pq.write_table(rows, pa.BufferOutputStream(), compression=self._compression)
-        except DATA_ERRORS as exc:
-            raise RowsRejected(rejected_rows(rows, self._compression, exc)) from exc
+        check_rows(rows, self._compression)
 
     def _split_by_partition(self, rows: pa.Table) -> list[tuple[dict[str, str | None], pa.Table]]:
         if not self.partition_by:
@@ -627,6 +625,14 @@ class DeltaWriter:
             return self._table.history(limit)
         except (DeltaError, OSError) as exc:
             raise RetryableError(f"reading history of {self._uri}: {exc}") from exc
+
+
+def check_rows(rows: pa.Table, compression: str) -> None:
+    """Raise :class:`RowsRejected` when Parquet refuses some rows (for commits delta-rs writes itself)."""
+    try:
+        pq.write_table(rows, pa.BufferOutputStream(), compression=compression)
+    except DATA_ERRORS as exc:
+        raise RowsRejected(rejected_rows(rows, compression, exc)) from exc
 
 
 def rejected_rows(rows: pa.Table, compression: str, cause: Exception) -> list[tuple[int, Exception]]:

@@ -221,6 +221,10 @@ class RoutingConfig:
     whose value is empty or names no route matching its topic is a dead letter (stage ``route``). Empty: the
     table is chosen by topic."""
 
+    def __post_init__(self) -> None:
+        # Stripped once here, so validation and the router see the same expression ("  " is none: by topic).
+        object.__setattr__(self, "expression", self.expression.strip())
+
 
 @dataclass(frozen=True)
 class IngestConfig:

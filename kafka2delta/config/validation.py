@@ -15,6 +15,7 @@ from kafka2delta.config.sections import (
 )
 from kafka2delta.errors import ConfigError
 from kafka2delta.schema import is_required, parse_schema
+from kafka2delta.transforms.expressions import parse_expression
 
 
 def validate(config: Config) -> None:
@@ -281,7 +282,7 @@ def _validate_changes(config: Config) -> None:
         raise ConfigError(
             "format.type", "upsert and changelog tables need a format with fields (json, avro or protobuf), not raw"
         )
-    if config.routing.expression.strip():
+    if config.routing.expression:
         raise ConfigError(
             "routing.expression",
             "cannot route the changes of upsert or changelog tables (a tombstone has no value to read): "
@@ -370,7 +371,9 @@ _TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
 
 def _validate_routes(config: Config) -> None:
     """Each route takes some topics (or messages, by [routing] expression) to a table that can be named."""
-    expression = config.routing.expression.strip()
+    expression = config.routing.expression
+    if expression:
+        parse_expression("routing.expression", expression)  # else the router's compile names an internal key
     _check_uri_template("table.uri", config.table.uri)
     if config.routes and not config.table.uri and not config.dead_letters.table_uri:
         raise ConfigError(

@@ -175,3 +175,28 @@ def test_credentials_in_uris_are_masked_and_redacted(tmp_path: Path) -> None:
 )
 def test_is_secret_key(key: str, secret: bool) -> None:
     assert is_secret_key(key) is secret
+
+
+ROUTED = {
+    "K2D_KAFKA__BOOTSTRAP_SERVERS": "b:9092",
+    "K2D_KAFKA__TOPICS": "a,b",
+    "K2D_DEAD_LETTERS__TABLE_URI": "/lake/_dlq",
+    "K2D_ROUTES": '[{"name": "x", "topic": "a", "uri": "/lake/a"}, {"name": "y", "topic": "b", "uri": "/lake/b"}]',
+}
+
+
+def test_a_bad_routing_expression_is_refused_at_start_naming_its_key() -> None:
+    """Found by review: it was compiled only with the router, at the first assignment, as
+    ``transforms.__kafka2delta_route``."""
+    with pytest.raises(ConfigError) as raised:
+        load_config(None, environ={**ROUTED, "K2D_ROUTING__EXPRESSION": "kind["})
+    assert raised.value.key == "routing.expression" and "incomplete expression" in raised.value.problem
+    with pytest.raises(ConfigError, match=r"routing\.expression: unknown function nope\(\)"):
+        load_config(None, environ={**ROUTED, "K2D_ROUTING__EXPRESSION": "nope(kind)"})
+
+
+def test_the_routing_expression_is_stripped_once_for_validation_and_the_router() -> None:
+    """Found by review: validation stripped it and the runtime did not, so "  " passed validation as no expression
+    and then failed as one when the router compiled it."""
+    assert load_config(None, environ={**ROUTED, "K2D_ROUTING__EXPRESSION": "  "}).routing.expression == ""
+    assert load_config(None, environ={**ROUTED, "K2D_ROUTING__EXPRESSION": " kind\n"}).routing.expression == "kind"

@@ -3,6 +3,7 @@ routes unambiguous."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ import pytest
 from kafka2delta.config import Config, load_config
 from kafka2delta.errors import ConfigError
 from kafka2delta.records import TopicPartition
-from kafka2delta.routing import Routes
+from kafka2delta.routing import Routes, table_key
 
 
 def config(**env: str) -> Config:
@@ -196,3 +197,76 @@ def test_routes_writing_one_table_must_make_it_the_same_way() -> None:
         Routes(config(K2D_KAFKA__TOPICS="a,b", K2D_ROUTES=routes, K2D_TABLE__SCHEMA='{"day": "string"}'))
     same = '[{"name": "A", "topic": "a", "uri": "/lake/all"}, {"name": "B", "topic": "b", "uri": "/lake/all"}]'
     assert Routes(config(K2D_KAFKA__TOPICS="a,b", K2D_ROUTES=same)).table_for("b").uri == "/lake/all"
+
+
+def test_a_template_tables_uri_and_a_route_reaching_one_table_are_refused_at_start() -> None:
+    """Found by review: ``/lake/{topic}`` for orders and a route of payments to ``/lake/orders`` wrote one table
+    under one txn id per partition (``shop-0``): each topic's commit passed for the other's, messages lost."""
+    collide = '[{"topic": "payments", "uri": "/lake/orders"}]'
+    with pytest.raises(ConfigError) as raised:
+        Routes(
+            config(
+                K2D_KAFKA__TOPICS="orders,payments",
+                K2D_TABLE__URI="/lake/{topic}",
+                K2D_TABLE__APP_ID="shop",
+                K2D_ROUTES=collide,
+            )
+        )
+    assert raised.value.key == "routes[0]"
+    assert all(word in raised.value.problem for word in ("'payments'", "/lake/orders", "table", "'orders'", "shop-0"))
+
+
+def test_a_pattern_topic_reaching_a_routes_table_another_way_is_refused_when_it_is_resolved() -> None:
+    routes = Routes(
+        config(
+            K2D_KAFKA__TOPIC_PATTERN="^",
+            K2D_TABLE__URI="/lake/{topic}",
+            K2D_TABLE__APP_ID="shop",
+            K2D_ROUTES='[{"topic_pattern": "^pay", "uri": "file:///lake/orders/"}]',
+        )
+    )
+    assert routes.table_for("payments").txn_ids.main(TopicPartition("payments", 0)) == "shop-payments-0"
+    assert routes.table_for("payouts").uri == "file:///lake/orders/"  # one table for several topics: fine
+    with pytest.raises(ConfigError, match=r"^table: takes topic 'orders' to /lake/orders, which routes\[0\]"):
+        routes.table_for("orders")
+
+
+def test_two_spellings_of_one_uri_are_one_table() -> None:
+    """Found by review: ``s3://lake/all`` and ``s3://lake/all/`` were two tables to the checks (other app ids
+    accepted, txn ids without the topic)."""
+    clash = '[{"topic": "a", "uri": "s3://lake/all"}, {"topic": "b", "uri": "s3://lake/all/", "app_id": "other"}]'
+    with pytest.raises(ConfigError, match=r"routes\[1\]\.app_id: 'other' differs from routes\[0\]'s 'shop'"):
+        Routes(config(K2D_KAFKA__TOPICS="a,b", K2D_TABLE__APP_ID="shop", K2D_ROUTES=clash))
+    relative = Path("lake/all").resolve()
+    shared = json.dumps([{"topic": "a", "uri": "lake/all"}, {"topic": "b", "uri": f"{relative}/"}])
+    routes = Routes(config(K2D_KAFKA__TOPICS="a,b", K2D_TABLE__APP_ID="shop", K2D_ROUTES=shared))
+    assert [routes.table_for(t).txn_ids.main(TopicPartition(t, 0)) for t in "ab"] == ["shop-a-0", "shop-b-0"]
+    assert [table_key(routes.table_for(t).uri) for t in "ab"] == [str(relative)] * 2
+
+
+def test_a_table_cannot_be_a_dead_letter_table() -> None:
+    with pytest.raises(ConfigError, match=r"^table\.uri: takes topic 'a' to s3://lake/a, which is the dead-letter"):
+        Routes(config(K2D_KAFKA__TOPIC="a", K2D_TABLE__URI="s3://lake/a", K2D_DEAD_LETTERS__TABLE_URI="s3://lake/a/"))
+    pattern = config(
+        K2D_KAFKA__TOPIC_PATTERN="^", K2D_TABLE__URI="s3://lake/raw/{topic}", K2D_DEAD_LETTERS__TABLE_URI=""
+    )
+    routes = Routes(pattern)
+    assert routes.table_for("orders").uri == "s3://lake/raw/orders"
+    with pytest.raises(ConfigError, match=r"'_dead_letters' to s3://lake/raw/_dead_letters, .*dead_letters\.table_uri"):
+        routes.table_for("_dead_letters")
+    own = '[{"topic": "a", "uri": "/lake/a", "dead_letter_table_uri": "/lake/b"}, {"topic": "b", "uri": "/lake/b"}]'
+    with pytest.raises(ConfigError, match=r"^routes\[1\]\.uri: .*routes\[0\]\.dead_letter_table_uri"):
+        Routes(config(K2D_KAFKA__TOPICS="a,b", K2D_ROUTES=own))
+
+
+def test_tables_of_a_topic_are_every_table_it_can_reach_once() -> None:
+    routes = [
+        {"name": "clicks", "uri": "/lake/clicks"},
+        {"name": "orders", "uri": "/lake/orders"},
+        {"name": "orders_too", "uri": "/lake/orders/"},
+    ]
+    by_expression = Routes(config(K2D_KAFKA__TOPIC="e", K2D_ROUTES=json.dumps(routes), K2D_ROUTING__EXPRESSION="kind"))
+    assert [spec.uri for spec in by_expression.tables_of("e")] == ["/lake/clicks", "/lake/orders"]
+    named = '[{"name": "A", "topic": "a", "uri": "/lake/a"}, {"name": "B", "topic": "b", "uri": "/lake/b"}]'
+    by_topic = Routes(config(K2D_KAFKA__TOPICS="a,b", K2D_ROUTES=named))  # names without an expression: labels
+    assert [spec.uri for spec in by_topic.tables_of("b")] == ["/lake/b"]
