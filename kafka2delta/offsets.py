@@ -49,12 +49,17 @@ class TxnIds:
         before several topics could write the table (rows written then keep it)."""
         return (self.prefix(topic), self.app_id) if self.app_id and self.multi_topic else (self.prefix(topic),)
 
+    @property
+    def legacy_prefix(self) -> str | None:
+        """The prefix a table's ids had before several topics could write it (only differs with an explicit
+        app_id)."""
+        return self.app_id if self.app_id and self.multi_topic else None
+
     def legacy_main(self, tp: TopicPartition) -> str | None:
-        """The id a table had before several topics could write it (only differs with an explicit app_id)."""
-        return f"{self.app_id}-{tp.partition}" if self.app_id and self.multi_topic else None
+        return None if self.legacy_prefix is None else f"{self.legacy_prefix}-{tp.partition}"
 
     def legacy_dead_letters(self, tp: TopicPartition) -> str | None:
-        return f"{self.app_id}-dlq-{tp.partition}" if self.app_id and self.multi_topic else None
+        return None if self.legacy_prefix is None else f"{self.legacy_prefix}-dlq-{tp.partition}"
 
 
 class LogicalOffset(Enum):

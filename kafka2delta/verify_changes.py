@@ -1,19 +1,20 @@
 """``kafka2delta verify`` for an upsert table: per key, the table holds the last change of each key, and
 nothing else.
 
-The check reads the table (rows and txn versions from one snapshot), then every partition of the topic
+The check reads the table (rows and txn versions from one snapshot), then every partition of its topics
 from its low watermark up to the table's txn version (what the table says it has applied), runs those
 messages through the daemon's own stages (the same config: envelope, key, transforms, coercion), collapses
 them to the last change per key (by partition, then offset), and compares: keys the table lacks, keys it
 holds that no change left standing, and keys whose values differ (the columns named). Dead letters are
-checked too: every message the stages reject must be in the dead-letter table. A topic whose retention
-deleted early changes cannot be checked this way (``low`` above 0 is reported and the check fails).
+checked too: every message the stages reject must be in the dead-letter table. The topics that feed one table are
+checked together. A topic whose retention deleted early changes cannot be checked this way (``low`` above 0 is
+reported: not checkable, unless something else is found wrong).
 """
 
 from __future__ import annotations
 
 import json
-import uuid
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
@@ -21,8 +22,6 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from confluent_kafka import Consumer, KafkaError, KafkaException
-from confluent_kafka import TopicPartition as KafkaTopicPartition
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
@@ -34,6 +33,14 @@ from kafka2delta.kafka import topic_partitions
 from kafka2delta.pipeline import Pipeline
 from kafka2delta.records import PartitionMessages
 from kafka2delta.routing import TableSpec
+from kafka2delta.verify_reading import (
+    Deadline,
+    partition_messages,
+    read_partitions,
+    read_table,
+    verify_consumer,
+    watermarks,
+)
 
 _SHOWN = 10
 
@@ -41,23 +48,40 @@ _SHOWN = 10
 @dataclass
 class ChangesReport:
     topic: str
+    """The topics of the table, comma-separated (several topics may feed one upsert table)."""
     table: str
     table_version: int | None
-    txns: dict[int, int | None]
-    low: dict[int, int]
+    txns: dict[str, dict[int, int | None]]
+    """Per topic, per partition: the table's txn version."""
+    low: dict[str, dict[int, int]]
     keys: int = 0
     """Keys the changes leave standing (rows the table should hold)."""
     missing: list[Any] = field(default_factory=list)
     extra: list[Any] = field(default_factory=list)
+    duplicated: list[Any] = field(default_factory=list)
+    """Keys the table holds more than once (an insert where an update was due)."""
     different: list[tuple[Any, list[str]]] = field(default_factory=list)
     """Keys whose row differs, with the columns that differ."""
-    dead_letters_missing: list[tuple[int, int]] = field(default_factory=list)
+    dead_letters_missing: list[tuple[str, int, int]] = field(default_factory=list)
     messages: int = 0
 
     @property
+    def truncated(self) -> dict[str, dict[int, int]]:
+        """Partitions whose first changes retention deleted: their keys cannot be replayed."""
+        return {topic: found for topic, lows in self.low.items() if (found := {p: v for p, v in lows.items() if v})}
+
+    @property
+    def problems(self) -> bool:
+        return bool(self.missing or self.extra or self.duplicated or self.different or self.dead_letters_missing)
+
+    @property
     def ok(self) -> bool:
-        retained = all(low == 0 for low in self.low.values())
-        return retained and not (self.missing or self.extra or self.different or self.dead_letters_missing)
+        return not self.truncated and not self.problems
+
+    @property
+    def checkable(self) -> bool:
+        """False when retention deleted changes and nothing else was found wrong (exit 3, not 1)."""
+        return not self.truncated or self.problems
 
     def to_json(self) -> str:
         return json.dumps(
@@ -67,14 +91,15 @@ class ChangesReport:
                 "mode": "upsert",
                 "ok": self.ok,
                 "table_version": self.table_version,
-                "txns": {str(p): v for p, v in self.txns.items()},
+                "txns": {topic: {str(p): v for p, v in txns.items()} for topic, txns in self.txns.items()},
                 "messages_applied": self.messages,
                 "keys": self.keys,
                 "missing_keys": [repr(k) for k in self.missing],
                 "extra_keys": [repr(k) for k in self.extra],
+                "duplicated_keys": [repr(k) for k in self.duplicated],
                 "different": [{"key": repr(k), "columns": c} for k, c in self.different],
                 "dead_letters_missing": self.dead_letters_missing,
-                "low_watermarks": {str(p): v for p, v in self.low.items()},
+                "low_watermarks": {topic: {str(p): v for p, v in low.items()} for topic, low in self.low.items()},
             },
             indent=2,
         )
@@ -84,10 +109,14 @@ class ChangesReport:
             f"topic {self.topic} → upsert table {self.table} (version {self.table_version})",
             f"  {self.messages} messages applied (up to the txn versions {self.txns}), {self.keys} keys standing",
         ]
-        truncated = {p: low for p, low in self.low.items() if low}
-        if truncated:
-            lines.append(f"  NOT CHECKABLE: retention deleted the first changes of partitions {truncated}")
-        for label, keys in (("missing keys", self.missing), ("extra keys", self.extra)):
+        if self.truncated:
+            lines.append(f"  NOT CHECKABLE: retention deleted the first changes of partitions {self.truncated}")
+        found = (
+            ("missing keys", self.missing),
+            ("extra keys", self.extra),
+            ("keys held more than once", self.duplicated),
+        )
+        for label, keys in found:
             if keys:
                 lines.append(f"  {label}: {len(keys)} (e.g. {', '.join(repr(k) for k in keys[:_SHOWN])})")
         if self.different:
@@ -95,72 +124,99 @@ class ChangesReport:
             lines.append(f"  rows that differ: {len(self.different)} ({shown})")
         if self.dead_letters_missing:
             lines.append(f"  dead letters not recorded: {self.dead_letters_missing[:_SHOWN]}")
-        lines.append("  OK: the table holds the last change of each key, and nothing else" if self.ok else "  FAILED")
+        if self.ok:
+            lines.append("  OK: the table holds the last change of each key, and nothing else")
+        else:
+            counts = [
+                f"{label} {len(items)}"
+                for label, items in (
+                    ("missing", self.missing),
+                    ("extra", self.extra),
+                    ("duplicated", self.duplicated),
+                    ("different", self.different),
+                    ("dead letters not recorded", self.dead_letters_missing),
+                )
+                if items
+            ]
+            if self.truncated:
+                counts.append(f"not checkable (retention) in {self.truncated}")
+            lines.append(f"  FAILED: {', '.join(counts)}")
         return "\n".join(lines)
 
 
 def check_upsert_table(
     config: Config,
     spec: TableSpec,
-    topic: str,
+    topics: list[str],
     settings: Mapping[str, str],
-    dead_letters_of_topic: pc.Expression,
+    dead_letters_of: Mapping[str, pc.Expression],
     pipeline_factory: Callable[[pa.Schema, TableSpec], Pipeline] | None,
+    timeout_s: float | None = None,
 ) -> ChangesReport:
-    """:func:`check_changes` for the upsert table ``topic`` goes to (``dead_letters_of_topic`` selects the topic's
+    """:func:`check_changes` for the upsert table ``topics`` go to (``dead_letters_of[topic]`` selects a topic's
     rows of its dead-letter table); ConfigError without the daemon's stages."""
     if pipeline_factory is None:
         raise ConfigError(f"{spec.route}.mode", "verify needs the daemon's stages to check an upsert table")
     options = config.table.storage_options
+    bootstrap = config.kafka.bootstrap_servers
     return check_changes(
         spec,
-        topic,
-        config.kafka.bootstrap_servers,
+        {topic: topic_partitions(bootstrap, topic, settings) for topic in topics},
+        bootstrap,
         settings,
         options,
-        topic_partitions(config.kafka.bootstrap_servers, topic, settings),
-        partial(dead_letter_offsets, spec.dead_letter_uri, options, dead_letters_of_topic),
+        partial(dead_letter_offsets, spec.dead_letter_uri, options, dead_letters_of),
         pipeline_factory,
+        Deadline(timeout_s),
     )
 
 
 def check_changes(
     spec: TableSpec,
-    topic: str,
+    partitions: Mapping[str, list[int]],
     bootstrap_servers: str,
     settings: Mapping[str, str],
     storage_options: Mapping[str, str],
-    partitions: list[int],
-    dead_letters: Callable[[], set[tuple[int, int]]],
+    dead_letters: Callable[[], set[tuple[str, int, int]]],
     pipeline_factory: Callable[[pa.Schema, TableSpec], Pipeline],
+    deadline: Deadline | None = None,
 ) -> ChangesReport:
-    """The upsert table of ``spec`` against ``topic``'s changes up to its txn versions. ``dead_letters`` gives
-    the ``(partition, offset)`` pairs the dead-letter table holds for the topic."""
+    """The upsert table of ``spec`` against the changes of its topics (``partitions``: each topic's) up to its txn
+    versions. ``dead_letters`` gives the ``(topic, partition, offset)`` of the dead letters the table's topics
+    have."""
     assert spec.changes is not None
+    deadline = deadline or Deadline(None)
     key = list(spec.changes.key)
     try:
         table = DeltaTable(spec.uri, storage_options=dict(storage_options) or None)
-        prefix = spec.txn_ids.prefix(topic)
-        txns = {p: table.transaction_version(f"{prefix}-{p}") for p in partitions}
+        txns = {
+            topic: {p: table.transaction_version(f"{spec.txn_ids.prefix(topic)}-{p}") for p in topic_partitions}
+            for topic, topic_partitions in partitions.items()
+        }
         rows = table.to_pyarrow_table()
         version: int | None = table.version()
         schema = pa.schema(table.schema().to_arrow())
     except TableNotFoundError:
-        txns, rows, version, schema = dict.fromkeys(partitions), pa.table({}), None, pa.schema([])
+        txns = {topic: dict.fromkeys(found) for topic, found in partitions.items()}
+        rows, version, schema = pa.table({}), None, pa.schema([])
     except (DeltaError, OSError) as exc:
         raise RetryableError(f"reading {spec.uri}: {exc}") from exc
     recorded = dead_letters()
-    upto = {p: v for p, v in txns.items() if v is not None}
-    messages, low = read_changes(bootstrap_servers, topic, settings, upto)
-    report = ChangesReport(topic, spec.name, version, txns, low, messages=sum(len(m) for m in messages))
+    messages: list[PartitionMessages] = []
+    low: dict[str, dict[int, int]] = {}
+    for topic, topic_txns in txns.items():
+        upto = {p: v for p, v in topic_txns.items() if v is not None}
+        read, low[topic] = read_changes(bootstrap_servers, topic, settings, upto, deadline=deadline)
+        messages.extend(read)
+    report = ChangesReport(", ".join(txns), spec.name, version, txns, low, messages=sum(len(m) for m in messages))
     pipeline = pipeline_factory(schema, spec)
     pieces: list[pa.Table] = []
     deletes: list[pa.Array] = []
     for piece in messages:
         processed = pipeline.process(piece)
         for letter in processed.dead_letters:
-            if (letter.partition, letter.offset) not in recorded:
-                report.dead_letters_missing.append((letter.partition, letter.offset))
+            if (piece.topic, letter.partition, letter.offset) not in recorded:
+                report.dead_letters_missing.append((piece.topic, letter.partition, letter.offset))
         if processed.rows.num_rows:
             pieces.append(processed.rows)
             flags = processed.row_deletes
@@ -181,10 +237,16 @@ def check_changes(
             if deleted and not soft:
                 continue
             expected[_key(row, key)] = row
-    actual = {_key(row, key): row for row in rows.to_pylist()} if rows.num_rows else {}
+    actual: dict[Any, dict[str, Any]] = {}
+    held: Counter[Any] = Counter()
+    for row in rows.to_pylist() if rows.num_rows else []:
+        actual[_key(row, key)] = row
+        held[_key(row, key)] += 1
     report.keys = len(expected)
     report.missing = sorted((k for k in expected if k not in actual), key=repr)
     report.extra = sorted((k for k in actual if k not in expected), key=repr)
+    # The one fault a per-key dict would hide: the same key twice, an insert where an update was due (found by review).
+    report.duplicated = sorted((k for k, count in held.items() if count > 1), key=repr)
     compared = [c for c in expected_schema.names if c in schema.names]
     for k in sorted(set(expected) & set(actual), key=repr):
         want, got = expected[k], actual[k]
@@ -204,69 +266,44 @@ def _key(row: Mapping[str, Any], key: list[str]) -> Any:
 
 
 def read_changes(
-    bootstrap_servers: str, topic: str, settings: Mapping[str, str], upto: Mapping[int, int], batch: int = 10_000
+    bootstrap_servers: str,
+    topic: str,
+    settings: Mapping[str, str],
+    upto: Mapping[int, int],
+    batch: int = 10_000,
+    *,
+    deadline: Deadline | None = None,
 ) -> tuple[list[PartitionMessages], dict[int, int]]:
     """Every message of ``topic`` from each partition's low watermark to ``upto[p]`` (inclusive), in pieces of
     one partition; and the low watermarks."""
-    consumer = Consumer(
-        {
-            **settings,
-            "bootstrap.servers": bootstrap_servers,
-            "group.id": f"kafka2delta-verify-{uuid.uuid4().hex[:12]}",
-            "enable.auto.commit": False,
-            "enable.partition.eof": True,
-        }
-    )
-    pieces: list[PartitionMessages] = []
-    low: dict[int, int] = {}
+    deadline = deadline or Deadline(None)
+    consumer = verify_consumer(bootstrap_servers, settings)
     try:
-        for partition in upto:
-            low[partition], _ = consumer.get_watermark_offsets(KafkaTopicPartition(topic, partition), timeout=30)
-        todo = {p for p, last in upto.items() if last >= low[p]}
-        consumer.assign([KafkaTopicPartition(topic, p, low[p]) for p in sorted(todo)])
-        taken: dict[int, list[Any]] = {p: [] for p in todo}
-        while todo:
-            for message in consumer.consume(batch, timeout=1.0):
-                error = message.error()
-                partition, offset = int(message.partition() or 0), int(message.offset() or 0)
-                if error is not None:
-                    if error.code() == KafkaError._PARTITION_EOF:
-                        todo.discard(partition)
-                        continue
-                    raise RetryableError(f"reading {topic}[{partition}]: {error.str()}")
-                if partition in todo and offset <= upto[partition]:
-                    taken[partition].append(message)
-                if offset >= upto[partition]:
-                    todo.discard(partition)
-        for partition, found in sorted(taken.items()):
-            for start in range(0, len(found), batch):
-                chunk = found[start : start + batch]
-                pieces.append(
-                    PartitionMessages(
-                        topic,
-                        partition,
-                        [m.offset() for m in chunk],
-                        [m.value() for m in chunk],
-                        [m.timestamp()[1] for m in chunk],
-                        [m.key() for m in chunk],
-                        [m.headers() for m in chunk],
-                        [m.timestamp()[0] for m in chunk],
-                    )
-                )
-    except KafkaException as exc:
-        raise RetryableError(f"reading {topic} from {bootstrap_servers}: {exc}") from exc
+        low = {p: bounds[0] for p, bounds in watermarks(consumer, topic, upto, deadline).items()}
+        taken: dict[int, list[Any]] = {p: [] for p in upto}
+        ranges = {p: (low[p], last + 1) for p, last in upto.items()}
+        for messages in read_partitions(consumer, topic, ranges, deadline, batch):
+            for message in messages:
+                taken[message.partition()].append(message)
     finally:
         consumer.close()
+    pieces = [
+        partition_messages(topic, partition, chunk)
+        for partition, found in sorted(taken.items())
+        for chunk in (found[start : start + batch] for start in range(0, len(found), batch))
+    ]
     return pieces, low
 
 
-def dead_letter_offsets(uri: str, storage_options: Mapping[str, str], where: pc.Expression) -> set[tuple[int, int]]:
-    """``(partition, offset)`` of the dead letters in ``uri`` that ``where`` selects."""
-    try:
-        table = DeltaTable(uri, storage_options=dict(storage_options) or None)
-    except TableNotFoundError:
-        return set()
-    except (DeltaError, OSError) as exc:
-        raise RetryableError(f"reading {uri}: {exc}") from exc
-    rows = table.to_pyarrow_dataset().to_table(columns=["partition", "offset"], filter=where)
-    return set(zip(rows.column("partition").to_pylist(), rows.column("offset").to_pylist(), strict=True))
+def dead_letter_offsets(
+    uri: str, storage_options: Mapping[str, str], of_topic: Mapping[str, pc.Expression]
+) -> set[tuple[str, int, int]]:
+    """``(topic, partition, offset)`` of the dead letters in ``uri`` that ``of_topic[topic]`` selects."""
+    found: set[tuple[str, int, int]] = set()
+    for topic, where in of_topic.items():
+        rows = read_table(uri, storage_options, "", [], "partition", "offset", lambda schema: where).rows  # noqa: B023
+        found.update(
+            (topic, p, o)
+            for p, o in zip(rows.column("partition").to_pylist(), rows.column("offset").to_pylist(), strict=True)
+        )
+    return found

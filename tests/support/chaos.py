@@ -20,19 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pyarrow.compute as pc
 from confluent_kafka import Producer
 
+from kafka2delta.kafka import topic_partitions
 from kafka2delta.records import PartitionMessages
-from kafka2delta.verify import (
-    Report,
-    committed_versions,
-    compare,
-    dead_letter_filter,
-    log_gaps,
-    read_topic,
-    table_offsets,
-)
+from kafka2delta.verify import Report, compare, log_gaps, read_topic, rows_beyond_txn
+from kafka2delta.verify_reading import dead_letter_filter, read_table
 from tests.support.harness import Daemon, Setup, Topic, event, wait_for
 
 FORM = "full" if os.environ.get("K2D_CHAOS", "").lower() == "full" else "short"
@@ -164,7 +157,8 @@ class Verdict:
             "duplicated": self.report.duplicated,
             "in_both": sum(len(p.in_both) for p in self.report.partitions),
             "unexpected": sum(len(p.unexpected) for p in self.report.partitions),
-            "log_gaps": len(self.report.log_gaps) + len(self.report.dead_letter_log_gaps),
+            "beyond_txn": self.report.beyond_txn,
+            "log_gaps": self.report.gaps,
             "poison_not_dead_lettered": self.poison_not_dead_lettered,
             "dead_letters_not_poison": self.dead_letters_not_poison,
             "pending": self.pending,
@@ -184,25 +178,30 @@ def verify(
     letters_uri = dead_letter_uri or f"{table_uri}_dead_letters"
     poison: dict[int, set[int]] = defaultdict(set)
 
-    def spot(message: PartitionMessages) -> bool:
-        payload = message.payloads[0]
-        if payload is not None and POISON in payload:
-            poison[message.partition].add(message.offsets[0])
-        return False  # no filter: every message is a row or a dead letter
+    def spot(messages: PartitionMessages) -> list[int]:
+        for offset, payload in zip(messages.offsets, messages.payloads, strict=True):
+            if payload is not None and POISON in payload:
+                poison[messages.partition].add(offset)
+        return []  # no filter: every message is a row or a dead letter
 
-    offsets = read_topic(bootstrap, topic, {}, spot)
-    rows = table_offsets(
-        table_uri, options, "kafka_partition", "kafka_offset", where=pc.field("kafka_partition").is_valid()
+    # As verify does: each table's rows and txns from one snapshot, both read before the topic.
+    topic_partition_ids = topic_partitions(bootstrap, topic, {})
+    table = read_table(
+        table_uri, options, app_id, topic_partition_ids, "kafka_partition", "kafka_offset", lambda schema: None
     )
-    letters = table_offsets(letters_uri, options, "partition", "offset", where=dead_letter_filter(app_id, topic))
-    committed = committed_versions(table_uri, options, app_id, sorted(offsets.offsets))
+    letters = read_table(
+        letters_uri, options, f"{app_id}-dlq", topic_partition_ids, "partition", "offset",
+        lambda schema: dead_letter_filter(app_id, topic),
+    )  # fmt: skip
+    offsets = read_topic(bootstrap, topic, {}, filtered=spot)
+    rows = table.rows
     report = Report(
-        topic, table_uri, letters_uri, compare(offsets, rows, letters, committed),
-        log_gaps(table_uri, options), log_gaps(letters_uri, options),
+        topic, table_uri, letters_uri, compare(offsets, rows, letters.rows, table.txns, letters.txns, rows_beyond_txn(table)),
+        {table_uri: log_gaps(table_uri, options)}, log_gaps(letters_uri, options),
     )  # fmt: skip
     letter_offsets: dict[int, set[int]] = defaultdict(set)
     for partition, offset in zip(
-        letters.column("partition").to_pylist(), letters.column("offset").to_pylist(), strict=True
+        letters.rows.column("partition").to_pylist(), letters.rows.column("offset").to_pylist(), strict=True
     ):
         if offset >= offsets.low.get(partition, 0):  # earlier ones were deleted by retention: not readable
             letter_offsets[partition].add(offset)
@@ -228,6 +227,7 @@ def assert_verdict(verdict: Verdict) -> None:
             "duplicated",
             "in_both",
             "unexpected",
+            "beyond_txn",
             "log_gaps",
             "poison_not_dead_lettered",
             "dead_letters_not_poison",

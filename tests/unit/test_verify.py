@@ -1,17 +1,45 @@
 """The checker's comparison, on synthetic topic offsets and table contents."""
 
 import json
+from functools import partial
 from pathlib import Path
+from unittest.mock import Mock
 
 import numpy as np
 import pyarrow as pa
-from deltalake import write_deltalake
+import pyarrow.compute as pc
+import pytest
+from confluent_kafka import KafkaError
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
+from kafka2delta import verify
 from kafka2delta.cli import build_pipeline
-from kafka2delta.config import load_config
-from kafka2delta.records import PartitionMessages
+from kafka2delta.config import Config, load_config
+from kafka2delta.errors import RetryableError
+from kafka2delta.records import PartitionMessages, TopicPartition
 from kafka2delta.schema import parse_schema
-from kafka2delta.verify import Report, TopicOffsets, compare, log_gaps, pipeline_filter
+from kafka2delta.verify import (
+    EXIT_FAILED,
+    EXIT_UNCHECKED,
+    Report,
+    TopicOffsets,
+    check,
+    command,
+    compare,
+    log_gaps,
+    pipeline_filter,
+    read_topic,
+    rows_beyond_txn,
+)
+from kafka2delta.verify_changes import ChangesReport, dead_letter_offsets
+from kafka2delta.verify_reading import read_table
+from kafka2delta.writer import LEGACY_OWNER_PROPERTY
+from tests.support.debezium import change_batch, change_config
+from tests.support.runner import TopicsSource, ingest_until_caught_up
+from tests.support.verify_consumer import serve_topics
+
+P0 = TopicPartition("cdc", 0)
+AUTO_OFFSET_RESET = KafkaError._AUTO_OFFSET_RESET
 
 
 def pairs(*items: tuple[int, int]) -> pa.Table:
@@ -117,4 +145,137 @@ def test_pipeline_filter_gives_only_the_filtered_offsets(tmp_path: Path) -> None
         [b'{"id": "a", "type": "click"}', b'{"id": "b", "type": "heartbeat"}', b"{not json", None, b'{"type": "x"}'],
         [0] * 5,
     )
-    assert pipeline_filter(pipeline)(messages) == [11]
+    assert pipeline_filter(pipeline)(messages) == [11, 13]  # filtered, and the empty payload the stages skip
+
+
+# --- found by review (2026-11-28): each of these passed wrongly or crashed before --------------------------------
+
+
+def test_rows_and_dead_letters_of_partitions_the_topic_lacks_are_unexpected() -> None:
+    reports = compare(topic({0: [0]}), pairs((0, 0), (5, 3), (5, 3)), pairs((7, 1)), {0: 0})
+    assert [(p.partition, p.unexpected) for p in reports] == [(0, []), (5, [3]), (7, [1])]
+    assert not Report("t", "/t", "/d", reports).ok
+
+
+def test_on_a_compacted_topic_rows_at_removed_offsets_are_counted_not_flagged() -> None:
+    offsets = topic({0: [0, 3, 4]})  # compaction removed 1 and 2
+    rows = pairs((0, 0), (0, 1), (0, 2), (0, 3), (0, 4), (0, 9))
+    [plain] = compare(offsets, rows, pairs(), {0: 4})
+    assert plain.unexpected == [1, 2, 9]
+    offsets.compacted = True
+    [compacted] = compare(offsets, rows, pairs(), {0: 4})
+    assert compacted.unexpected == [9] and compacted.compacted == 2  # offset 9 is past the high watermark
+
+
+def test_rows_after_their_tables_txn_fail_the_check() -> None:
+    [partition] = compare(
+        topic({0: [0, 1, 2]}), pairs((0, 0), (0, 2)), pairs((0, 1)), {0: 1}, beyond_txn={0: np.array([2])}
+    )
+    assert partition.beyond_txn == [2] and not partition.ok
+    assert "beyond_txn 0:[2]" in Report("t", "/t", "/d", [partition]).render().splitlines()[-1]
+
+
+def test_a_table_read_counts_rows_without_offsets_and_takes_the_one_topic_txn_ids_of_its_owner(
+    tmp_path: Path,
+) -> None:
+    uri = str(tmp_path / "t")
+    rows = pa.table(
+        {
+            "kafka_topic": ["t", "t", "t"],
+            "kafka_partition": pa.array([0, None, 0], pa.int64()),
+            "kafka_offset": pa.array([0, None, 2], pa.int64()),
+        }
+    )
+    write_deltalake(uri, rows, commit_properties=CommitProperties(app_transactions=[Transaction("shop-0", 2)]))
+    DeltaTable(uri).alter.set_table_properties({LEGACY_OWNER_PROPERTY: "t"}, raise_if_not_exists=False)
+    # A second topic joined the table (ids shop-<topic>-<p>); the daemon has not run since to move the old ids.
+    snapshot = read_table(uri, {}, "shop-t", [0], "kafka_partition", "kafka_offset", topic="t", legacy_app_id="shop")
+    assert snapshot.txns == {0: 2} and snapshot.untraced == 1 and snapshot.rows.num_rows == 2
+    other = read_table(uri, {}, "shop-u", [0], "kafka_partition", "kafka_offset", topic="u", legacy_app_id="shop")
+    assert other.txns == {0: None}  # another topic's: not this one's offsets
+    assert {p: o.tolist() for p, o in rows_beyond_txn(snapshot).items()} == {0: []}
+    assert {p: o.tolist() for p, o in rows_beyond_txn(other).items()} == {0: [0, 2]}  # rows past a txn it lacks
+
+
+def test_retention_deleting_offsets_mid_read_stops_the_check_naming_the_partition(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    serve_topics(monkeypatch, {"t": {0: [(0, b"a", None), (1, b"b", None)]}}, fail_at={0: (1, AUTO_OFFSET_RESET)})
+    with pytest.raises(RetryableError, match=r"t\[0\] at 1: retention deleted offsets"):
+        read_topic("unused:1", "t", {})
+
+
+def _upsert_config(tmp_path: Path, **env: str) -> Config:
+    return change_config(tmp_path, "upsert", K2D_TABLE__SCHEMA=json.dumps({"id": "long", "name": "string"}), **env)
+
+
+def test_an_upsert_table_holding_a_key_twice_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = _upsert_config(tmp_path)
+    records = [(b'{"id": 1}', b'{"id": 1, "name": "a"}'), (b'{"id": 2}', b'{"id": 2, "name": "b"}')]
+    ingest_until_caught_up(config, TopicsSource([change_batch(P0, 0, records)], {P0: 2}))
+    serve_topics(monkeypatch, {"cdc": {0: [(i, value, key) for i, (key, value) in enumerate(records)]}})
+    [report] = check(config, None, partial(build_pipeline, config))
+    assert report.ok, report.render()
+    # What verify exists to catch: an insert where an update was due.
+    table = DeltaTable(str(tmp_path / "table"))
+    write_deltalake(table, table.to_pyarrow_table().filter(pc.field("id") == 1), mode="append")
+    [report] = check(config, None, partial(build_pipeline, config))
+    assert isinstance(report, ChangesReport) and report.duplicated == [1] and not report.ok
+    assert report.render().splitlines()[-1] == "  FAILED: duplicated 1"
+
+
+def test_an_upsert_table_several_topics_feed_is_checked_as_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = _upsert_config(tmp_path, K2D_KAFKA__TOPIC="", K2D_KAFKA__TOPICS="cdc,cdc2")
+    first = [(b'{"id": 1}', b'{"id": 1, "name": "a"}')]
+    second = [(b'{"id": 2}', b'{"id": 2, "name": "b"}'), (b'{"id": 2}', b'{"id": 2, "name": "c"}')]
+    other = TopicPartition("cdc2", 0)
+    batches = [change_batch(P0, 0, first), change_batch(other, 0, second)]
+    ingest_until_caught_up(config, TopicsSource(batches, {P0: 1, other: 2}))
+    served = {"cdc": {0: [(0, first[0][1], first[0][0])]}, "cdc2": {0: [(i, v, k) for i, (k, v) in enumerate(second)]}}
+    serve_topics(monkeypatch, served)
+    [report] = check(config, None, partial(build_pipeline, config))
+    assert isinstance(report, ChangesReport)
+    assert report.ok and report.keys == 2 and report.topic == "cdc, cdc2", report.render()
+
+
+def test_a_changelog_without_an_envelope_writes_tombstones_as_rows_not_unexpected(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = change_config(
+        tmp_path,
+        "changelog",
+        K2D_FORMAT__ENVELOPE="none",
+        K2D_TABLE__SCHEMA=json.dumps({"id": "long", "name": "string"}),
+    )
+    records = [(b'{"id": 1}', b'{"id": 1, "name": "a"}'), (b'{"id": 1}', None), (b'{"id": 4}', b'{"id": 4}')]
+    ingest_until_caught_up(config, TopicsSource([change_batch(P0, 0, records)], {P0: 3}))
+    serve_topics(monkeypatch, {"cdc": {0: [(i, value, key) for i, (key, value) in enumerate(records)]}})
+    [report] = check(config, None, partial(build_pipeline, config))
+    assert isinstance(report, Report) and report.ok, report.render()
+    assert (report.partitions[0].rows, report.partitions[0].skipped) == (3, 0)
+
+
+def test_the_timeout_bounds_an_upsert_check_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = _upsert_config(tmp_path)
+    records = [(b'{"id": 1}', b'{"id": 1, "name": "a"}')]
+    ingest_until_caught_up(config, TopicsSource([change_batch(P0, 0, records)], {P0: 1}))
+    serve_topics(monkeypatch, {"cdc": {0: [(0, records[0][1], records[0][0])]}})
+    assert command(config, False, 0.0, partial(build_pipeline, config)) == EXIT_UNCHECKED
+
+
+def test_an_upsert_table_retention_cut_is_not_checked_rather_than_failed(monkeypatch: pytest.MonkeyPatch) -> None:
+    cut = ChangesReport("cdc", "table", 3, {"cdc": {0: 9}}, {"cdc": {0: 5}})
+    assert not cut.ok and not cut.checkable
+    monkeypatch.setattr(verify, "check", lambda *args: [cut])
+    assert command(Mock(), False, None) == EXIT_UNCHECKED
+    cut.missing = [7]
+    assert command(Mock(), False, None) == EXIT_FAILED
+
+
+def test_a_dead_letter_table_storage_cannot_read_is_a_check_not_made(tmp_path: Path) -> None:
+    uri = str(tmp_path / "dlq")
+    write_deltalake(uri, pa.table({"partition": [0], "offset": [1], "topic": ["t"], "app_id": ["a"]}))
+    for data in Path(uri).glob("*.parquet"):
+        data.unlink()
+    with pytest.raises(RetryableError, match="reading"):
+        dead_letter_offsets(uri, {}, {"t": pc.field("topic") == "t"})
