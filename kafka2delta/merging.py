@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, WriterProperties
 
 from kafka2delta.changes import DELETE_FLAG, DELETED_COLUMN, ChangeOptions
-from kafka2delta.changes.collapse import UNAVAILABLE_FLAG
+from kafka2delta.changes.collapse import POSITION_COLUMNS, UNAVAILABLE_FLAG
 
 _SOURCE, _TARGET = "s", "t"
 _PRUNED_PARTITION_VALUES = 100  # more distinct values than this: no IN list (the predicate stays short)
@@ -60,14 +60,26 @@ def merge_changes(
         commit_properties=properties,
     )
     if options.delete_mode == "soft":
-        # A soft delete marks the row and records the change; the row's other values stay as they were.
-        marked = [DELETED_COLUMN, *(name for name in columns if name in options.extra_columns())]
-        marked = list(dict.fromkeys(marked))
-        merger = merger.when_matched_update({quote(n): f"{_SOURCE}.{quote(n)}" for n in marked}, predicate=delete)
+        merger = merger.when_matched_update(*_soft_delete(columns, options))
     else:
         merger = merger.when_matched_delete(predicate=delete)
     merger = merger.when_matched_update(updates, predicate=upsert).when_not_matched_insert(values, predicate=upsert)
     return merger.execute()
+
+
+def _soft_delete(columns: Sequence[str], options: ChangeOptions) -> tuple[dict[str, str], str]:
+    """The update of a soft delete and its predicate: it marks the row and records the change; the row's other
+    values stay as they were. A delete without a position (Debezium's tombstone after its delete event) keeps the
+    row's position, and leaves a row already deleted as it is (not rewritten: found by review, the tombstone blanked
+    the delete event's position)."""
+    marked = list(dict.fromkeys([DELETED_COLUMN, *(name for name in columns if name in options.extra_columns())]))
+    updates = {quote(name): f"{_SOURCE}.{quote(name)}" for name in marked}
+    positions = [name for name in marked if name in POSITION_COLUMNS]
+    for name in positions:
+        updates[quote(name)] = f"COALESCE({_SOURCE}.{quote(name)}, {_TARGET}.{quote(name)})"
+    unplaced = "".join(f" AND {_SOURCE}.{quote(name)} IS NULL" for name in positions)
+    deleted = f"{_TARGET}.{quote(DELETED_COLUMN)} IS TRUE"
+    return updates, f"{_SOURCE}.{quote(DELETE_FLAG)} AND NOT ({deleted}{unplaced})"
 
 
 def merge_predicate(source: pa.Table, key: Sequence[str], partition_by: Sequence[str]) -> str:

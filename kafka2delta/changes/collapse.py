@@ -3,15 +3,22 @@ per column that needs it)."""
 
 from __future__ import annotations
 
+import datetime as dt
+import hashlib
+import json
+import uuid
 from collections.abc import Hashable, Sequence
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from kafka2delta.changes.options import DELETE_FLAG, UNAVAILABLE_VALUE, ChangeOptions
+from kafka2delta.changes.options import CHANGE_COLUMNS, DELETE_FLAG, UNAVAILABLE_VALUE, ChangeOptions
 
 _INDEX = "__k2d_index"
+POSITION_COLUMNS = tuple(CHANGE_COLUMNS[name][0] for name in ("source_ts", "lsn"))
+"""The change columns that place a change in the source (``_source_ts``, ``_lsn``). A Debezium tombstone has
+none: as a soft delete it keeps those of the key's latest change that has them."""
 UNAVAILABLE_FLAG = "__k2d_unavailable__"
 """Prefix of the MERGE source's column telling, per row, that a column's value did not change and no earlier
 change of the flush gave it: the MERGE keeps the row's value (a row it inserts gets null)."""
@@ -31,14 +38,17 @@ def last_changes(
     ``rows`` are in the order their changes happened (a flush's partitions one after the other, each in offset
     order: "last" is by partition, then offset); ``deletes`` is aligned with them.
 
-    ``unavailable``: Debezium's placeholder for "this value did not change" (an unchanged TOASTed value: a string,
-    bytes, or a text array of that one string). The last change takes the value the key's latest earlier change
+    ``unavailable``: Debezium's placeholder for "this value did not change" (an unchanged TOASTed value, in each
+    column type's form: :func:`placeholders_of`). The last change takes the value the key's latest earlier change
     in ``rows`` gave; with none, :data:`UNAVAILABLE_FLAG` marks it and the value is null. A hard delete ends what
     a key's earlier changes gave (its row is gone); a soft one (``soft``) keeps it, as the marked row does.
 
     ``soft``: a key whose last change is a delete after an upsert in ``rows`` becomes that upsert, marked deleted
     (its ``kept`` columns, the key, ``_deleted`` and the change columns, from the delete): as if the upsert had
-    been merged and then the delete, in two flushes (found by review: the upsert was lost).
+    been merged and then the delete, in two flushes (found by review: the upsert was lost). A delete without a
+    position (:data:`POSITION_COLUMNS` null: the tombstone after Debezium's delete event) takes them from the
+    key's latest change in ``rows`` that has one, as the MERGE keeps the row's (found by review: the tombstone
+    blanked the delete event's).
     """
     if not rows.num_rows or not key:
         return rows.slice(0, 0).append_column(DELETE_FLAG, pa.array([], pa.bool_()))
@@ -50,7 +60,7 @@ def last_changes(
     keys: list[Hashable] | None = None
     if soft and pc.any(chosen_flags).as_py():  # Python lists only where a flush needs them
         keys = _keys(rows, key)
-        changes, upserts = _deletes_after_upserts(rows, chosen.to_pylist(), deletes.to_pylist(), keys, kept)
+        changes, upserts = _soft_deletes(rows, chosen.to_pylist(), deletes.to_pylist(), keys, kept)
         flipped = pa.array([upsert is not None for upsert in upserts], pa.bool_())
         chosen_flags = pc.and_(chosen_flags, pc.invert(flipped))
     else:
@@ -93,26 +103,45 @@ def _keys(rows: pa.Table, key: Sequence[str]) -> list[Hashable]:
 _NAN: Any = object()
 
 
-def _deletes_after_upserts(
+def _soft_deletes(
     rows: pa.Table, chosen: list[int], flags: list[bool], keys: list[Hashable], kept: Sequence[str]
 ) -> tuple[pa.Table, list[int | None]]:
-    """Soft deletes: a key's last change, a delete, on the values of its last upsert in ``rows``; with the index
-    of that upsert per chosen change (None: not such a delete, or no upsert before it)."""
+    """Soft deletes: a key's last change, a delete, on the values of its last upsert in ``rows`` and, when it has
+    no position itself, with that of the key's latest change that has one; with the index of that upsert per
+    chosen change (None: not such a delete, or no upsert before it)."""
+    positions = [name for name in POSITION_COLUMNS if name in kept and name in rows.column_names]
+    positioned = _positioned(rows, positions)
     last_upsert: dict[Hashable, int] = {}
+    last_positioned: dict[Hashable, int] = {}
     for index, deleted in enumerate(flags):
         if not deleted:
             last_upsert[keys[index]] = index
+        if positioned[index]:
+            last_positioned[keys[index]] = index
     upserts = [last_upsert.get(keys[index]) if flags[index] else None for index in chosen]
     values = [index if upsert is None else upsert for index, upsert in zip(chosen, upserts, strict=True)]
+    placed = [last_positioned.get(keys[i], i) if flags[i] and not positioned[i] else i for i in chosen]
     changes = rows.take(pa.array(values, pa.int64()))
-    if values == chosen:
+    if values == chosen and placed == chosen:
         return changes, upserts
     from_delete = rows.take(pa.array(chosen, pa.int64()))
+    from_position = rows.take(pa.array(placed, pa.int64()))
     for name in kept:
         if name in changes.column_names:
+            column = (from_position if name in positions else from_delete).column(name)
             position = changes.schema.get_field_index(name)
-            changes = changes.set_column(position, changes.schema.field(position), from_delete.column(name))
+            changes = changes.set_column(position, changes.schema.field(position), column)
     return changes, upserts
+
+
+def _positioned(rows: pa.Table, positions: Sequence[str]) -> list[bool]:
+    """Per row, whether any of the ``positions`` columns holds a value."""
+    if not positions:
+        return [False] * rows.num_rows
+    valid = pc.is_valid(rows.column(positions[0]))
+    for name in positions[1:]:
+        valid = pc.or_(valid, pc.is_valid(rows.column(name)))
+    return [bool(value) for value in valid.to_pylist()]
 
 
 def _fill_unavailable(
@@ -126,15 +155,15 @@ def _fill_unavailable(
     keys: list[Hashable] | None,
 ) -> pa.Table:
     for index, column in enumerate(changes.schema):
-        placeholder = _placeholder(column.type, unavailable)
-        if placeholder is None or column.name in key or not _may_hold(changes.column(index), unavailable):
+        forms = _placeholders(column.type, unavailable)
+        if not forms or column.name in key or not _may_hold(changes.column(index), forms):
             continue
         values = changes.column(index).to_pylist()
-        marked = [value == placeholder for value in values]
+        marked = [value in forms for value in values]
         if not any(marked):
             continue
         keys = keys if keys is not None else _keys(rows, key)
-        given = _values_given(rows.column(column.name).to_pylist(), deletes.to_pylist(), keys, placeholder, soft)
+        given = _values_given(rows.column(column.name).to_pylist(), deletes.to_pylist(), keys, forms, soft)
         indexes = chosen.to_pylist()
         unset = []
         for position, is_marked in enumerate(marked):
@@ -154,7 +183,7 @@ _NONE: Any = object()
 
 
 def _values_given(
-    history: list[Any], flags: list[bool], keys: list[Hashable], placeholder: Any, soft: bool
+    history: list[Any], flags: list[bool], keys: list[Hashable], forms: tuple[Any, ...], soft: bool
 ) -> dict[Hashable, Any]:
     """Each key's latest value that is not the placeholder, from its upserts. After a hard delete it is null: the
     row is gone, and a later change inserts it anew (as it would in a later flush)."""
@@ -163,37 +192,58 @@ def _values_given(
         if deleted:
             if not soft:
                 given[row_key] = None
-        elif value != placeholder:
+        elif value not in forms:
             given[row_key] = value
     return given
 
 
-def _may_hold(values: pa.ChunkedArray, unavailable: str) -> bool:
-    """Whether the placeholder is among ``values`` (a list column's elements): most flushes have none, and then no
-    value is read into Python."""
-    if pa.types.is_list(values.type):
+def _may_hold(values: pa.ChunkedArray, forms: tuple[Any, ...]) -> bool:
+    """Whether ``values`` may hold one of the placeholder's ``forms``, tested in Arrow (most flushes hold none, and
+    then no value is read into Python): a list column by its elements, a map column by its keys."""
+    if pa.types.is_map(values.type):
+        values = pa.chunked_array([chunk.keys for chunk in values.chunks], values.type.key_type)
+        firsts = [form[0][0] for form in forms]
+    elif pa.types.is_list(values.type):
         values = pc.list_flatten(values)
-    target = (
-        unavailable.encode()
-        if pa.types.is_binary(values.type) or pa.types.is_large_binary(values.type)
-        else unavailable
-    )
-    return bool(pc.any(pc.equal(values, pa.scalar(target, values.type))).as_py())
+        firsts = [form[0] for form in forms]
+    else:
+        firsts = list(forms)
+    return bool(pc.any(pc.is_in(values, value_set=pa.array(firsts, values.type))).as_py())
 
 
-def placeholder_of(data_type: pa.DataType) -> Any:
-    """Debezium's unchanged-TOAST placeholder (:data:`UNAVAILABLE_VALUE`) as it arrives in a column of
-    ``data_type``: the text, its UTF-8 bytes, or a text array of that one string; None if Debezium never writes it
-    there. A changelog table keeps it as it arrived: ``jobs apply-changes`` fills it as :func:`last_changes` does."""
-    return _placeholder(data_type, UNAVAILABLE_VALUE)
+def placeholders_of(data_type: pa.DataType) -> tuple[Any, ...]:
+    """Debezium's unchanged-TOAST placeholder (:data:`UNAVAILABLE_VALUE`) in each form it arrives in a column of
+    ``data_type`` (as Python values of that type); empty if Debezium never writes it there. A changelog table keeps
+    it as it arrived: ``jobs apply-changes`` fills it as :func:`last_changes` does."""
+    return _placeholders(data_type, UNAVAILABLE_VALUE)
 
 
-def _placeholder(data_type: pa.DataType, unavailable: str) -> Any:
-    """How Debezium writes an unchanged TOASTed value in a column of ``data_type`` (None: it never does)."""
+_EPOCH_DATE = dt.date(1970, 1, 1)
+
+
+def _placeholders(data_type: pa.DataType, unavailable: str) -> tuple[Any, ...]:
+    """How Debezium's PostgreSQL connector writes an unchanged TOASTed value in a column of ``data_type``
+    (``UnchangedToastedPlaceholder``: by the source column's type, in the form its values take)."""
+    raw = unavailable.encode()
     if pa.types.is_string(data_type) or pa.types.is_large_string(data_type):
-        return unavailable
+        # Text (json, xml …), and hstore as JSON text (hstore.handling.mode = json, the default).
+        return unavailable, json.dumps({unavailable: unavailable}, separators=(",", ":"), ensure_ascii=False)
     if pa.types.is_binary(data_type) or pa.types.is_large_binary(data_type):
-        return unavailable.encode()
-    if pa.types.is_list(data_type) and pa.types.is_string(data_type.value_type):
-        return [unavailable]
-    return None
+        return (raw,)
+    if pa.types.is_map(data_type):
+        both_text = pa.types.is_string(data_type.key_type) and pa.types.is_string(data_type.item_type)
+        return ([(unavailable, unavailable)],) if both_text else ()  # hstore, hstore.handling.mode = map
+    if not pa.types.is_list(data_type):
+        return ()
+    item = data_type.value_type
+    if pa.types.is_string(item):
+        # text[], varchar[], json[] …; uuid[] as a name-based UUID of the placeholder (Java's nameUUIDFromBytes).
+        return [unavailable], [str(uuid.UUID(bytes=hashlib.md5(raw, usedforsecurity=False).digest(), version=3))]
+    if pa.types.is_binary(item):
+        return ([raw],)  # bytea[]
+    signed = [byte - 256 if byte > 127 else byte for byte in raw]  # Java's bytes
+    if pa.types.is_signed_integer(item):
+        return (signed,)  # int[], bigint[]: the placeholder's bytes as numbers
+    if pa.types.is_date32(item):
+        return ([_EPOCH_DATE + dt.timedelta(days=byte) for byte in signed],)  # date[]: an int[] of days
+    return ()

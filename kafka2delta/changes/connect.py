@@ -6,7 +6,7 @@ mapping (README "Change events" has the table):
 
 * ``org.apache.kafka.connect.data.Decimal`` (bytes: the unscaled value, big-endian two's complement; the
   ``scale`` parameter; ``connect.decimal.precision`` when Debezium knows it) → ``decimal(p, s)`` (p 38 when
-  unknown; a precision above 38 → the decimal as text);
+  unknown; a precision above 38 → the decimal as text, in plain notation);
 * ``io.debezium.data.VariableScaleDecimal`` (a struct of ``scale`` and ``value``: PostgreSQL ``numeric``
   without a scale, whose values may have any scale) → ``string``, the exact decimal in plain notation (no Delta
   decimal holds them all; declare the column ``decimal(p,s)`` in ``table.schema`` to get numbers, and values
@@ -35,7 +35,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from kafka2delta.errors import MessageError
+from kafka2delta.serialization.base import decode_error
 
 MAX_DECIMAL_PRECISION = 38
 _SPECIAL_FLOATS = {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}
@@ -76,10 +76,6 @@ _PRIMITIVES: dict[str, pa.DataType] = {
 ConnectSchema = Mapping[str, Any]
 
 
-def connect_error(reason: str) -> MessageError:
-    return MessageError("deserialize", reason)
-
-
 # --- types -------------------------------------------------------------------------------------
 
 
@@ -117,7 +113,7 @@ def arrow_type(schema: ConnectSchema) -> pa.DataType:
         return pa.map_(arrow_type(schema.get("keys") or {"type": "string"}), arrow_type(schema.get("values") or {}))
     if isinstance(kind, str) and kind in _PRIMITIVES:
         return _PRIMITIVES[kind]
-    raise connect_error(f"unsupported Connect schema type {kind!r} (name {logical!r})")
+    raise decode_error(f"unsupported Connect schema type {kind!r} (name {logical!r})")
 
 
 def struct_fields(schema: ConnectSchema) -> dict[str, ConnectSchema]:
@@ -137,11 +133,12 @@ def convert(value: Any, schema: ConnectSchema, path: str) -> Any:
     if logical == DECIMAL:
         scale = int((schema.get("parameters") or {}).get("scale", 0))
         number = decimal_value(value, scale, path)
-        return str(number) if pa.types.is_string(arrow_type(schema)) else number
+        # Plain notation: str() writes 0 with scale 20 as '0E-20' (found by review).
+        return f"{number:f}" if pa.types.is_string(arrow_type(schema)) else number
     if logical == VARIABLE_SCALE_DECIMAL:
         if not isinstance(value, Mapping):
-            raise connect_error(f"{path}: a VariableScaleDecimal must be an object of scale and value, got {value!r}")
-        return f"{decimal_value(value.get('value'), int(value.get('scale') or 0), path):f}"
+            raise decode_error(f"{path}: a VariableScaleDecimal must be an object of scale and value, got {value!r}")
+        return variable_scale_text(value, path)
     if logical in _DATES:
         return date_value(value, path)
     if logical in _TIMES:
@@ -152,24 +149,24 @@ def convert(value: Any, schema: ConnectSchema, path: str) -> Any:
         return zoned_timestamp(value, path)
     if kind == "struct":
         if not isinstance(value, Mapping):
-            raise connect_error(f"{path}: expected an object, got {_shown(value)}")
+            raise decode_error(f"{path}: expected an object, got {shown(value)}")
         members = struct_fields(schema)
         return {name: convert(value.get(name), member, f"{path}.{name}") for name, member in members.items()}
     if kind == "array":
         if not isinstance(value, list):
-            raise connect_error(f"{path}: expected an array, got {_shown(value)}")
+            raise decode_error(f"{path}: expected an array, got {shown(value)}")
         items = schema.get("items") or {"type": "string"}
         return [convert(item, items, f"{path}[{i}]") for i, item in enumerate(value)]
     if kind == "map":
         if not isinstance(value, Mapping):
-            raise connect_error(f"{path}: a map with non-string keys is not supported, got {_shown(value)}")
+            raise decode_error(f"{path}: a map with non-string keys is not supported, got {shown(value)}")
         values = schema.get("values") or {}
         return [(key, convert(item, values, f"{path}.{key}")) for key, item in value.items()]
     if kind == "bytes":
         return bytes_value(value, path)
     if kind in ("float", "double", "float32", "float64") and isinstance(value, str):
         if value not in _SPECIAL_FLOATS:
-            raise connect_error(f"{path}: expected a number, got {_shown(value)}")
+            raise decode_error(f"{path}: expected a number, got {shown(value)}")
         return _SPECIAL_FLOATS[value]
     return value
 
@@ -183,20 +180,30 @@ def decimal_value(value: Any, scale: int, path: str) -> Decimal:
         return value
     raw = bytes_value(value, path) if isinstance(value, str) else value
     if not isinstance(raw, (bytes, bytearray)):
-        raise connect_error(f"{path}: a decimal must be base64 bytes or a number, got {_shown(value)}")
+        raise decode_error(f"{path}: a decimal must be base64 bytes or a number, got {shown(value)}")
     unscaled = int.from_bytes(raw, "big", signed=True)
     return Decimal(f"{unscaled}E{-scale}")  # exact: scaleb would round to the context's 28 digits
+
+
+def variable_scale_value(value: Mapping[str, Any], path: str) -> Decimal:
+    """A VariableScaleDecimal (``{"scale": s, "value": <unscaled bytes>}``) as a number."""
+    return decimal_value(value.get("value"), int(value.get("scale") or 0), path)
+
+
+def variable_scale_text(value: Mapping[str, Any], path: str) -> str:
+    """A VariableScaleDecimal as its exact text in plain notation (the ``string`` column it lands in)."""
+    return f"{variable_scale_value(value, path):f}"
 
 
 def bytes_value(value: Any, path: str) -> bytes:
     if isinstance(value, (bytes, bytearray)):
         return bytes(value)
     if not isinstance(value, str):
-        raise connect_error(f"{path}: bytes must be base64 text, got {_shown(value)}")
+        raise decode_error(f"{path}: bytes must be base64 text, got {shown(value)}")
     try:
         return base64.b64decode(value, validate=True)
     except (binascii.Error, ValueError) as exc:
-        raise connect_error(f"{path}: bytes are not base64 ({exc}): {_shown(value)}") from exc
+        raise decode_error(f"{path}: bytes are not base64 ({exc}): {shown(value)}") from exc
 
 
 def date_value(value: Any, path: str) -> dt.date:
@@ -206,7 +213,7 @@ def date_value(value: Any, path: str) -> dt.date:
     try:
         return _EPOCH_DATE + dt.timedelta(days=days)
     except OverflowError as exc:
-        raise connect_error(f"{path}: {days} days since 1970-01-01 is out of range") from exc
+        raise decode_error(f"{path}: {days} days since 1970-01-01 is out of range") from exc
 
 
 def time_text(value: Any, per_unit_us: int, path: str) -> str:
@@ -216,7 +223,7 @@ def time_text(value: Any, per_unit_us: int, path: str) -> str:
     amount = _integer(value, path)
     micros = amount // 1_000 if per_unit_us == 0 else amount * per_unit_us
     if not 0 <= micros <= 86_400_000_000:
-        raise connect_error(f"{path}: {amount} is not a time of day")
+        raise decode_error(f"{path}: {amount} is not a time of day")
     if micros == 86_400_000_000:  # PostgreSQL's 24:00:00
         return "24:00:00"
     seconds, micro = divmod(micros, 1_000_000)
@@ -232,28 +239,29 @@ def timestamp_value(value: Any, per_unit_us: int, path: str) -> dt.datetime:
     try:
         return _EPOCH + dt.timedelta(microseconds=micros)
     except OverflowError as exc:
-        raise connect_error(f"{path}: {amount} is out of the timestamp range") from exc
+        raise decode_error(f"{path}: {amount} is out of the timestamp range") from exc
 
 
 def zoned_timestamp(value: Any, path: str) -> dt.datetime:
     if isinstance(value, dt.datetime):
         return value.astimezone(dt.UTC) if value.tzinfo else value.replace(tzinfo=dt.UTC)
     if not isinstance(value, str):
-        raise connect_error(f"{path}: a ZonedTimestamp must be ISO-8601 text, got {_shown(value)}")
+        raise decode_error(f"{path}: a ZonedTimestamp must be ISO-8601 text, got {shown(value)}")
     try:
         parsed = dt.datetime.fromisoformat(value)
     except ValueError as exc:
-        raise connect_error(f"{path}: {value!r} is not an ISO-8601 timestamp") from exc
+        raise decode_error(f"{path}: {value!r} is not an ISO-8601 timestamp") from exc
     return parsed.astimezone(dt.UTC) if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
 
 
 def _integer(value: Any, path: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise connect_error(f"{path}: expected an integer, got {_shown(value)}")
+        raise decode_error(f"{path}: expected an integer, got {shown(value)}")
     return value
 
 
-def _shown(value: Any) -> str:
+def shown(value: Any) -> str:
+    """A value as a reason quotes it: its repr, cut to 80 characters."""
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
 
@@ -263,26 +271,41 @@ def _shown(value: Any) -> str:
 
 def fit_to_column(value: Any, column_type: pa.DataType, path: str) -> Any:
     """A Debezium value from a message without its Connect schema (``schemas.enable=false``), read by the
-    table column's type: a decimal column takes base64 bytes (the column's scale) or a VariableScaleDecimal
-    object, a date column days, a ``timestamp_ntz`` column microseconds (Debezium's PostgreSQL default,
-    ``MicroTimestamp``). Anything else is left to the coercion stage (a time needs the schema to be read)."""
+    table column's type: a decimal column takes base64 bytes (the column's scale), the number as text
+    (:func:`_decimal_text`) or a VariableScaleDecimal object, a date column days, a ``timestamp_ntz`` column
+    microseconds (Debezium's PostgreSQL default, ``MicroTimestamp``). Anything else is left to the coercion stage
+    (a time needs the schema to be read)."""
     if value is None:
         return None
     if pa.types.is_string(column_type) and isinstance(value, Mapping) and value.keys() == {"scale", "value"}:
-        return f"{decimal_value(value.get('value'), int(value.get('scale') or 0), path):f}"  # VariableScaleDecimal
+        return variable_scale_text(value, path)
     if pa.types.is_floating(column_type) and isinstance(value, str) and value in _SPECIAL_FLOATS:
         return _SPECIAL_FLOATS[value]
     if pa.types.is_decimal(column_type):
         if isinstance(value, Mapping) and "value" in value:
-            return decimal_value(value.get("value"), int(value.get("scale") or 0), path)
+            return variable_scale_value(value, path)
         if isinstance(value, str):
-            try:
-                return Decimal(value)  # decimal.handling.mode=string, or a plain number as text
-            except InvalidOperation:
-                return decimal_value(value, column_type.scale, path)
+            return _decimal_text(value, column_type.scale, path)
         return value
     if pa.types.is_date(column_type) and isinstance(value, int) and not isinstance(value, bool):
         return date_value(value, path)
     if pa.types.is_timestamp(column_type) and column_type.tz is None and isinstance(value, int):
         return timestamp_value(value, 1, path)
     return value
+
+
+def _decimal_text(text: str, scale: int, path: str) -> Decimal:
+    """A schema-less decimal sent as text: base64 of the unscaled bytes (the JSON converter's default), or the
+    number itself (``decimal.handling.mode=string``: Java's ``BigDecimal.toPlainString``).
+
+    With a scale above 0 that number always has a "." and base64 never has one, so text without it is base64
+    ("1234" is the bytes d7 6d f8: found by review, it was read as 1234). An exponent form is read as a number only
+    with a "." (then it cannot be base64; Debezium never writes one). With scale 0 the two cannot be told apart:
+    text that reads as a number is taken as one (string mode), so base64 made only of digits (a multiple of 4 of
+    them, e.g. "1234") is misread; only the Connect schema (``schemas.enable=true``) settles it."""
+    if scale > 0 and "." not in text:
+        return decimal_value(text, scale, path)
+    try:
+        return Decimal(text)
+    except InvalidOperation:
+        return decimal_value(text, scale, path)

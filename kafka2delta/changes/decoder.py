@@ -30,7 +30,7 @@ from kafka2delta.changes.envelope import Change, debezium_change, plain_change, 
 from kafka2delta.changes.options import BEFORE_COLUMN, DELETED_COLUMN, ChangeOptions
 from kafka2delta.errors import MessageError
 from kafka2delta.records import PartitionMessages
-from kafka2delta.serialization.avro import AvroDeserializer
+from kafka2delta.serialization.avro import AvroCodec, AvroDeserializer, AvroKeys
 from kafka2delta.serialization.base import Decoded, Deserializer, KeyDecoder, decode_error
 from kafka2delta.serialization.protobuf import ProtobufDeserializer
 
@@ -49,6 +49,8 @@ class ChangeDeserializer:
             self._unwrap = functools.partial(debezium_change, before_image=options.before_image)
         self._table_schema = pa.schema([])
         self._connect_schemas: dict[int, ConnectSchema] = {}
+        self._key_connect_schemas: dict[int, ConnectSchema] = {}
+        self._avro_keys = keys.codec if isinstance(keys, AvroKeys) else None
         self._extra: dict[str, pa.Field] = {
             name: pa.field(name, data_type) for name, data_type in options.extra_columns().items()
         }
@@ -93,7 +95,8 @@ class ChangeDeserializer:
         raw_key = messages.key(position)
         if self._keys is not None and raw_key is not None:
             try:
-                key = self._keys(raw_key)
+                codec = self._avro_keys
+                key = self._keys(raw_key) if codec is None else self._avro_key(codec, raw_key)
             except MessageError as exc:
                 raise decode_error(f"key: {exc.reason}") from exc
         payload = messages.payloads[position]
@@ -125,6 +128,15 @@ class ChangeDeserializer:
         if schema is None:
             schema = self._connect_schemas[schema_id] = connect_schema(writer.parsed)
         return {"schema": schema, "payload": datum}, None
+
+    def _avro_key(self, codec: AvroCodec, raw_key: bytes) -> dict[str, Any]:
+        """An Avro key wrapped with the Connect schema of its writer schema, as a value is (found by review: a
+        key's ``io.debezium.time.Timestamp`` stayed milliseconds, read as microseconds: a 1970 date)."""
+        schema_id, writer, datum = codec.read(raw_key)
+        schema = self._key_connect_schemas.get(schema_id)
+        if schema is None:
+            schema = self._key_connect_schemas[schema_id] = connect_schema(writer.parsed)
+        return {"schema": schema, "payload": datum}
 
     def _document(self, change: Change) -> dict[str, Any]:
         row = change.row if change.fields is not None else self._fitted(change.row)

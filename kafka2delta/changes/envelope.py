@@ -24,7 +24,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from kafka2delta.changes.connect import ConnectSchema, arrow_field, connect_error, convert, struct_fields
+from kafka2delta.changes.connect import ConnectSchema, arrow_field, convert, shown, struct_fields
+from kafka2delta.serialization.base import decode_error
 
 UPSERT_OPS = frozenset({"c", "r", "u"})
 
@@ -59,16 +60,17 @@ def unwrap_connect(document: Any) -> tuple[Any, ConnectSchema | None]:
 
 def key_row(key: Any, key_columns: Sequence[str]) -> tuple[dict[str, Any], tuple[pa.Field, ...] | None]:
     """The key columns of a decoded Kafka key: an object (Debezium's key struct), or a scalar for a one-column
-    key (``format.key = "string"``)."""
+    key (``format.key = "string"``); converted by its Connect schema when it comes with one (the JSON converter's
+    envelope, or an Avro key's writer schema)."""
     payload, schema = unwrap_connect(key)
     if isinstance(payload, Mapping):
         if schema is not None and schema.get("type") == "struct":
             return _converted(payload, schema, "key")
         return dict(payload), None
     if payload is not None and len(key_columns) == 1:
-        return {key_columns[0]: payload}, None
-    raise connect_error(
-        f"the Kafka key {_shown(payload)} does not name the key columns {list(key_columns)}: give a key object "
+        return {key_columns[0]: payload if schema is None else convert(payload, schema, "key")}, None
+    raise decode_error(
+        f"the Kafka key {shown(payload)} does not name the key columns {list(key_columns)}: give a key object "
         '(format.key = "json", "avro" or "protobuf"), or one key column for a string key'
     )
 
@@ -80,11 +82,11 @@ def debezium_change(value: Any, key: Any, key_columns: Sequence[str], *, before_
         return _delete_of_key(key, key_columns, "d")
     payload, schema = unwrap_connect(value)
     if not isinstance(payload, Mapping):
-        raise connect_error(f"not a Debezium change event: the value is {_shown(payload)}, not an object")
+        raise decode_error(f"not a Debezium change event: the value is {shown(payload)}, not an object")
     op = payload.get("op")
     if not isinstance(op, str):
         keys = ", ".join(sorted(str(k) for k in payload)[:8])
-        raise connect_error(f"not a Debezium change event: no 'op' field (fields: {keys})")
+        raise decode_error(f"not a Debezium change event: no 'op' field (fields: {keys})")
     members = struct_fields(schema) if schema is not None else {}
     source = payload.get("source")
     source_ts, lsn = _source_position(source if isinstance(source, Mapping) else {})
@@ -97,7 +99,7 @@ def debezium_change(value: Any, key: Any, key_columns: Sequence[str], *, before_
     if op in UPSERT_OPS:
         after = payload.get("after")
         if not isinstance(after, Mapping):
-            raise connect_error(f"Debezium event op={op!r} has no 'after' image")
+            raise decode_error(f"Debezium event op={op!r} has no 'after' image")
         row, fields = _converted(after, members.get("after"), "after")
         return Change(delete=False, op=op, row=row, fields=fields, source_ts_ms=source_ts, lsn=lsn, before=kept_before)
     if op == "d":
@@ -108,8 +110,8 @@ def debezium_change(value: Any, key: Any, key_columns: Sequence[str], *, before_
             row, fields = deleted.row, deleted.fields
         return Change(delete=True, op=op, row=row, fields=fields, source_ts_ms=source_ts, lsn=lsn, before=kept_before)
     if op == "t":
-        raise connect_error("op 't' (a TRUNCATE) cannot be applied per key: the table keeps its rows")
-    raise connect_error(f"Debezium op {op!r} is not a row change (expected c, r, u or d)")
+        raise decode_error("op 't' (a TRUNCATE) cannot be applied per key: the table keeps its rows")
+    raise decode_error(f"Debezium op {op!r} is not a row change (expected c, r, u or d)")
 
 
 def plain_change(value: Any, key: Any, key_columns: Sequence[str]) -> Change:
@@ -118,14 +120,14 @@ def plain_change(value: Any, key: Any, key_columns: Sequence[str]) -> Change:
         return _delete_of_key(key, key_columns, "d")
     payload, schema = unwrap_connect(value)
     if not isinstance(payload, Mapping):
-        raise connect_error(f"the value is {_shown(payload)}, not an object")
+        raise decode_error(f"the value is {shown(payload)}, not an object")
     row, fields = _converted(payload, schema, "value")
     return Change(delete=False, op="u", row=row, fields=fields)
 
 
 def _delete_of_key(key: Any, key_columns: Sequence[str], op: str) -> Change:
     if key is None:
-        raise connect_error("a delete (null value) without a Kafka key: no key to delete")
+        raise decode_error("a delete (null value) without a Kafka key: no key to delete")
     row, fields = key_row(key, key_columns)
     return Change(delete=True, op=op, row=row, fields=fields)
 
@@ -153,8 +155,3 @@ def _source_position(source: Mapping[str, Any]) -> tuple[int | None, int | None]
 
 def source_timestamp(ts_ms: int | None) -> dt.datetime | None:
     return None if ts_ms is None else dt.datetime.fromtimestamp(ts_ms / 1000, dt.UTC)
-
-
-def _shown(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."

@@ -50,6 +50,7 @@ from kafka2delta.serialization.avro import (
     MAX_AVRO_DEPTH,
     AvroCodec,
     AvroDeserializer,
+    AvroKeys,
     AvroSchema,
     avro_to_arrow,
     load_avro_schema_file,
@@ -145,7 +146,7 @@ def build_key_decoder(format: FormatConfig, registry: Registry | None) -> KeyDec
             raise ConfigError(
                 "format.key", f"{format.key} keys need a schema registry (schema_registry.url, or type = 'glue')"
             )
-        return AvroCodec(framing, None).read_any if format.key == "avro" else ProtobufCodec(framing).read_value
+        return AvroKeys(AvroCodec(framing, None)) if format.key == "avro" else ProtobufCodec(framing).read_value
     raise ConfigError("format.key", f"unknown key format {format.key!r}")
 
 

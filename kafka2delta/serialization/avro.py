@@ -414,6 +414,17 @@ class AvroCodec:
         return schema_id, writer, value
 
 
+@dataclass(frozen=True)
+class AvroKeys:
+    """``format.key = "avro"``: a key's datum, and for change events the writer schema it was read with (its
+    Connect types say what a key's numbers mean)."""
+
+    codec: AvroCodec
+
+    def __call__(self, payload: bytes) -> Any:
+        return self.codec.read_any(payload)
+
+
 def _avro_reason(exc: Exception, size: int) -> str:
     """A reason that names the problem and is the same on every replay (no object addresses)."""
     if isinstance(exc, EOFError):

@@ -6,9 +6,10 @@ kafka_partition, kafka_offset)`` (without ``_lsn`` when the changelog has none),
 micro-batches would (docs/DESIGN.md invariant 13), as the daemon's upsert mode does
 (:func:`kafka2delta.changes.collapse.last_changes`):
 
-- Debezium's unchanged-TOAST placeholder (a Debezium changelog, one with ``_lsn``: ``__debezium_unavailable_value``,
-  its bytes, ``[placeholder]``) takes the key's latest earlier real value in the batch (in ``hard`` mode, after its
-  last delete: none, null); left unfilled, the MERGE keeps the row's value (an insert gets null);
+- Debezium's unchanged-TOAST placeholder (a Debezium changelog, one with ``_lsn``: ``__debezium_unavailable_value``
+  in each form a column type takes it, :func:`~kafka2delta.changes.collapse.placeholders_of`) takes the key's latest
+  earlier real value in the batch (in ``hard`` mode, after its last delete: none, null); left unfilled, the MERGE
+  keeps the row's value (an insert gets null);
 - ``soft``: a key whose last change is a delete takes its data columns from the key's last upsert in the batch, if
   any (the delete's key and position), as if that upsert had been applied and then the delete;
 - a value so taken carries the position of the change it came from, and the MERGE uses it only if that change is
@@ -27,16 +28,21 @@ The MERGE (:func:`merge_clauses`):
 
 from __future__ import annotations
 
+import datetime as dt
+import functools
+import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from kafka2delta.changes.collapse import placeholder_of
+import pyarrow as pa
+
+from kafka2delta.changes.collapse import placeholders_of
 from kafka2delta.changes.options import CHANGE_COLUMNS, CHANGELOG_METADATA, DELETE_FLAG, DELETED_COLUMN
 from kafka2delta.spark.mutations import _q
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
+    from pyspark.sql import Column, DataFrame
     from pyspark.sql.types import StructType
 
 OP, SOURCE_TS, LSN = (CHANGE_COLUMNS[name][0] for name in ("op", "source_ts", "lsn"))
@@ -49,9 +55,11 @@ VALUES_FLAG = "__k2d_upsert_values"
 VALUES_POSITION = "__k2d_upsert_position"
 """The MERGE source's column with that upsert's position (a struct ``lsn``, ``partition``, ``offset``): its values
 are set only if it is newer than the row (a late upsert in the batch never gives values)."""
+PlaceholderSql = str | tuple[str, ...]
+"""Debezium's placeholder in one column as SQL (:func:`placeholders`): one literal, or one per form it takes there."""
 
 
-def filled_position(column: str, placeholders: Mapping[str, str]) -> str:
+def filled_position(column: str, placeholders: Mapping[str, PlaceholderSql]) -> str:
     """The MERGE source's column with the position of the change that gave ``column`` its value when the collapse
     filled a TOAST placeholder (null when the last change held the value itself)."""
     return f"__k2d_filled_{list(placeholders).index(column)}"
@@ -99,11 +107,11 @@ def merge_clauses(
     *,
     has_lsn: bool,
     soft: bool,
-    placeholders: Mapping[str, str] | None = None,
+    placeholders: Mapping[str, PlaceholderSql] | None = None,
 ) -> list[Clause]:
     """The MERGE's clauses, in order, for a batch with ``columns`` (the target has them all).
 
-    ``placeholders``: column → SQL literal of Debezium's unchanged-TOAST placeholder there (:func:`placeholders`).
+    ``placeholders``: column → Debezium's unchanged-TOAST placeholder there as SQL (:func:`placeholders`).
     A change still holding it (no earlier change of the batch gave the value: :func:`last_changes`) keeps the row's
     value; an insert gets null. A value the collapse took from an earlier change of the batch (its position in
     :func:`filled_position`) is used only if that change is newer than the row: a late change never gives values.
@@ -116,11 +124,12 @@ def merge_clauses(
         source = f"s.{_q(column)}"
         if column not in holes:
             return source
+        unset = holds_placeholder(source, holes[column])
         if otherwise == "NULL":  # an insert: no row the filled value could be older than
-            return f"CASE WHEN {source} <=> {holes[column]} THEN NULL ELSE {source} END"
+            return f"CASE WHEN {unset} THEN NULL ELSE {source} END"
         filled = filled_position(column, holes)
         late = f"s.{_q(filled)} IS NOT NULL AND NOT {newer_condition(has_lsn, filled)}"
-        return f"CASE WHEN {source} <=> {holes[column]} OR ({late}) THEN {otherwise} ELSE {source} END"
+        return f"CASE WHEN {unset} OR ({late}) THEN {otherwise} ELSE {source} END"
 
     update = {c: kept(c, f"t.{_q(c)}") for c in columns}
     insert = {c: kept(c, "NULL") for c in columns}
@@ -146,26 +155,64 @@ def merge_clauses(
     ]
 
 
+def holds_placeholder(value: str, placeholder: PlaceholderSql) -> str:
+    """SQL: ``value`` (an SQL expression) is Debezium's placeholder, in any of its forms there."""
+    tests = [
+        f"map_entries({value}) <=> map_entries({form})" if _is_map(form) else f"{value} <=> {form}"
+        for form in _forms(placeholder)
+    ]
+    return tests[0] if len(tests) == 1 else "(" + " OR ".join(tests) + ")"
+
+
+def _holds_placeholder(value: Column, placeholder: PlaceholderSql) -> Column:
+    """:func:`holds_placeholder` for a DataFrame column (never null)."""
+    from pyspark.sql import functions as F
+
+    tests = [
+        F.map_entries(value).eqNullSafe(F.map_entries(F.expr(form)))
+        if _is_map(form)
+        else value.eqNullSafe(F.expr(form))
+        for form in _forms(placeholder)
+    ]
+    return functools.reduce(operator.or_, tests)
+
+
+def _forms(placeholder: PlaceholderSql) -> tuple[str, ...]:
+    return (placeholder,) if isinstance(placeholder, str) else placeholder
+
+
+def _is_map(form: str) -> bool:
+    """Whether a placeholder literal is a map (:func:`sql_literal`): Spark compares no maps, only their entries."""
+    return form.startswith("map(")
+
+
 def sql_literal(value: Any) -> str:
-    """A placeholder value (:func:`~kafka2delta.changes.collapse.placeholder_of`: text, bytes, a list of text) as
-    Spark SQL."""
+    """A placeholder value (:func:`~kafka2delta.changes.collapse.placeholders_of`: text, bytes, numbers, dates,
+    a list of them, a map as a list of key-value pairs) as Spark SQL."""
     if isinstance(value, str):
         return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
     if isinstance(value, bytes):
         return f"X'{value.hex().upper()}'"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    if isinstance(value, dt.date) and not isinstance(value, dt.datetime):
+        return f"DATE '{value.isoformat()}'"
+    if isinstance(value, list) and value and all(isinstance(v, tuple) for v in value):
+        return "map(" + ", ".join(sql_literal(part) for pair in value for part in pair) + ")"
     if isinstance(value, list):
         return "array(" + ", ".join(sql_literal(v) for v in value) + ")"
     raise TypeError(f"no SQL literal for {value!r}")
 
 
-def placeholders(schema: StructType, key: Sequence[str]) -> dict[str, str]:
-    """Column → SQL literal of Debezium's unchanged-TOAST placeholder as it arrives in that column (the
-    changelog keeps it as it came), for the data columns that can hold it (not the key, not the position columns):
-    the types :func:`~kafka2delta.changes.collapse.placeholder_of` knows, read through Spark's Arrow mapping."""
+def placeholders(schema: StructType, key: Sequence[str]) -> dict[str, PlaceholderSql]:
+    """Column → Debezium's unchanged-TOAST placeholder as it arrives in that column (the changelog keeps it as it
+    came), for the data columns that can hold it (not the key, not the position columns): the forms
+    :func:`~kafka2delta.changes.collapse.placeholders_of` knows for the column's type (read through Spark's Arrow
+    mapping), each as an SQL literal of that type (a string column: one literal per form)."""
     from pyspark.errors import PySparkException
     from pyspark.sql.pandas.types import to_arrow_type
 
-    found: dict[str, str] = {}
+    found: dict[str, PlaceholderSql] = {}
     for column in schema.fields:
         if column.name in key or _tracking(column.name):
             continue
@@ -173,20 +220,27 @@ def placeholders(schema: StructType, key: Sequence[str]) -> dict[str, str]:
             arrow = to_arrow_type(column.dataType)
         except (PySparkException, TypeError, ValueError):  # a type Arrow has no mapping for: never a placeholder
             continue
-        value = placeholder_of(arrow)
-        if value is not None:
-            found[column.name] = sql_literal(value)
+        literals = tuple(sql_literal(form) for form in placeholders_of(arrow))
+        if pa.types.is_list(arrow) and pa.types.is_integer(arrow.value_type):
+            # array(95, …) is an array<int>: typed as the column (bigint[]).
+            literals = tuple(f"CAST({literal} AS {column.dataType.simpleString()})" for literal in literals)
+        if literals:
+            found[column.name] = literals[0] if len(literals) == 1 else literals
     return found
 
 
 def last_changes(
-    batch: DataFrame, key: Sequence[str], *, soft: bool = False, placeholders: Mapping[str, str] | None = None
+    batch: DataFrame,
+    key: Sequence[str],
+    *,
+    soft: bool = False,
+    placeholders: Mapping[str, PlaceholderSql] | None = None,
 ) -> DataFrame:
     """The last change of each key (null keys dropped), with the MERGE's delete flag (and, ``soft``,
     :data:`VALUES_FLAG`), collapsed the way separate micro-batches would end, as the daemon's upsert mode collapses
     a flush (:func:`kafka2delta.changes.collapse.last_changes`):
 
-    - ``placeholders`` (column → SQL literal, :func:`placeholders`): a last change holding Debezium's unchanged-TOAST
+    - ``placeholders`` (column → SQL, :func:`placeholders`): a last change holding Debezium's unchanged-TOAST
       placeholder takes the key's latest earlier value in the batch that is not the placeholder; in ``hard`` mode
       only one after the key's last delete (the row was gone), and with none after it, null. Otherwise the
       placeholder stays, and the MERGE keeps the row's value (:func:`merge_clauses`).
@@ -216,8 +270,8 @@ def last_changes(
     given = {c: f"__k2d_given_{i}" for i, c in enumerate(holes)}
     if holes and not soft:
         aggregates.append(F.max(F.when(deleted, position)).alias(last_delete))
-    for column, literal in holes.items():
-        real = upsert & ~F.col(_q(column)).eqNullSafe(F.expr(literal))
+    for column, placeholder in holes.items():
+        real = upsert & ~_holds_placeholder(F.col(_q(column)), placeholder)
         value = F.struct(F.col(_q(column)).alias("value"), position.alias("position"))
         aggregates.append(F.max_by(F.when(real, value), F.when(real, position)).alias(given[column]))
     keyed = batch.where(" AND ".join(f"{_q(c)} IS NOT NULL" for c in key))
@@ -234,7 +288,7 @@ def last_changes(
             value = F.when(with_values, F.col(last_upsert).getField(column)).otherwise(value)
         if column in holes:
             found = F.col(given[column])
-            unset = value.eqNullSafe(F.expr(holes[column]))
+            unset = _holds_placeholder(value, holes[column])
             given_by_found = unset & found.isNotNull()
             if soft:
                 value, source = (

@@ -78,10 +78,12 @@ def test_placeholders_are_debeziums_own_as_each_column_type_holds_them() -> None
         ]
     )
     holes = placeholders(schema, ["id"])
+    ints = ", ".join(str(byte) for byte in UNAVAILABLE_VALUE.encode())
     assert holes == {
-        "name": TEXT,
+        "name": (TEXT, f'\'{{"{UNAVAILABLE_VALUE}":"{UNAVAILABLE_VALUE}"}}\''),  # text; hstore as JSON
         "blob": "X'" + UNAVAILABLE_VALUE.encode().hex().upper() + "'",
-        "tags": f"array({TEXT})",
+        "tags": (f"array({TEXT})", "array('b68a35a7-17ad-35b3-af2a-ae46edb4545a')"),  # text[]; uuid[]
+        "counts": f"CAST(array({ints}) AS array<int>)",  # int[]: the placeholder's bytes
     }
     assert sql_literal("it's \\ here") == "'it\\'s \\\\ here'"
 

@@ -13,10 +13,13 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
+from pyspark.sql.types import ArrayType, BinaryType, DateType, LongType, MapType, StringType, StructField, StructType
 
+from kafka2delta.changes import UNAVAILABLE_VALUE
 from kafka2delta.config import Config
 from kafka2delta.errors import ConfigError
 from kafka2delta.records import TopicPartition
+from kafka2delta.spark.change_merge import merge_clauses, placeholders
 from tests.support.debezium import SourceTable, change_batch, change_config, field
 from tests.support.runner import TopicsSource, ingest_until_caught_up
 
@@ -169,3 +172,35 @@ def test_a_changelog_may_transform_its_key_columns(tmp_path: Path) -> None:
     """Its deletes are rows and go through the transforms like the others (only an upsert table refuses it)."""
     cfg = change_config(tmp_path, "changelog", K2D_TRANSFORMS=json.dumps({"id": "id"}))
     assert cfg.transforms == (("id", "id"),)
+
+
+def test_apply_changes_knows_debeziums_placeholder_in_every_form_a_changelog_keeps() -> None:
+    """Found by review (the daemon's collapse and ``jobs apply-changes`` share the forms): an int[], bigint[] or
+    date[] (the placeholder's bytes as numbers), an hstore (a map, or JSON text), a uuid[] or a bytea[] took the
+    placeholder as its value. The MERGE's SQL only: what it does on real tables is tests/spark/."""
+    text = f"'{UNAVAILABLE_VALUE}'"
+    columns = {
+        "longs": ArrayType(LongType()),
+        "days": ArrayType(DateType()),
+        "hstore": MapType(StringType(), StringType()),
+        "blobs": ArrayType(BinaryType()),
+        "doc": StringType(),
+    }
+    holes = placeholders(StructType([StructField(name, kind) for name, kind in columns.items()]), [])
+    ints = ", ".join(str(byte) for byte in UNAVAILABLE_VALUE.encode())
+    assert holes["longs"] == f"CAST(array({ints}) AS array<bigint>)"
+    days = ", ".join(f"DATE '{dt.date(1970, 1, 1) + dt.timedelta(days=byte)}'" for byte in UNAVAILABLE_VALUE.encode())
+    assert holes["days"] == f"array({days})"  # date[]: an int[] of days
+    assert holes["hstore"] == f"map({text}, {text})"
+    assert holes["blobs"] == f"array(X'{UNAVAILABLE_VALUE.encode().hex().upper()}')"
+    assert holes["doc"] == (text, f'\'{{"{UNAVAILABLE_VALUE}":"{UNAVAILABLE_VALUE}"}}\'')  # hstore as JSON
+    update, insert = (
+        c.assignments for c in merge_clauses(["id"], ["id", *columns], has_lsn=True, soft=False, placeholders=holes)[1:]
+    )
+    # Spark compares no maps: an hstore by its entries; a column with two forms: either.
+    assert insert["hstore"] == (
+        f"CASE WHEN map_entries(s.`hstore`) <=> map_entries({holes['hstore']}) THEN NULL ELSE s.`hstore` END"
+    )
+    doc = holes["doc"]
+    assert insert["doc"] == f"CASE WHEN (s.`doc` <=> {doc[0]} OR s.`doc` <=> {doc[1]}) THEN NULL ELSE s.`doc` END"
+    assert update["longs"].startswith(f"CASE WHEN s.`longs` <=> {holes['longs']} OR (")

@@ -21,6 +21,7 @@ from kafka2delta.records import TopicPartition
 from tests.support.debezium import change_batch
 from tests.support.registry import FakeRegistry
 from tests.support.runner import TopicsSource, ingest_until_caught_up
+from tests.support.serialization import framed_avro
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "debezium"
 KEYS = {"big_keys": "id", "composite": "tenant,code", "toasty": "id", "types": "id"}
@@ -144,3 +145,44 @@ def test_avro_events_land_as_the_json_converters_do(tmp_path: Path, fake_registr
         json_schema = pa.schema(DeltaTable(str(tmp_path / "json" / table)).schema().to_arrow())
         avro_schema = pa.schema(DeltaTable(str(tmp_path / "avro" / table)).schema().to_arrow())
         assert avro_schema == json_schema, table
+
+
+def test_an_avro_keys_connect_types_are_read_as_a_values_are(tmp_path: Path, fake_registry: FakeRegistry) -> None:
+    """Found by review: an Avro key was not converted by its Connect types, so the tombstone of a key holding an
+    io.debezium.time.Timestamp (milliseconds) named a 1970 timestamp and deleted nothing."""
+    timestamp = {"type": "long", "connect.version": 1, "connect.name": "io.debezium.time.Timestamp"}
+    key_schema = {"type": "record", "name": "Key", "fields": [{"name": "at", "type": timestamp}]}
+    value_schema = {
+        "type": "record",
+        "name": "Value",
+        "fields": [{"name": "at", "type": timestamp}, {"name": "v", "type": ["null", "string"]}],
+    }
+    fake_registry.state.register(1, json.dumps(key_schema))
+    fake_registry.state.register(2, json.dumps(value_schema))
+    config = load_config(
+        None,
+        environ={
+            "K2D_KAFKA__BOOTSTRAP_SERVERS": "unused:1",
+            "K2D_KAFKA__TOPIC": "cdc",
+            "K2D_TABLE__URI": str(tmp_path / "table"),
+            "K2D_TABLE__MODE": "upsert",
+            "K2D_TABLE__KEY": "at",
+            "K2D_TABLE__SCHEMA_EVOLUTION": "merge",
+            "K2D_FORMAT__TYPE": "avro",
+            "K2D_FORMAT__KEY": "avro",
+            "K2D_SCHEMA_REGISTRY__URL": fake_registry.url,
+            "K2D_DEAD_LETTERS__TABLE_URI": str(tmp_path / "dlq"),
+        },
+    )
+    kept, deleted = 1_700_000_000_000, 1_700_000_000_123
+    upserts = [
+        (framed_avro(1, key_schema, {"at": at}), framed_avro(2, value_schema, {"at": at, "v": "x"}))
+        for at in (kept, deleted)
+    ]
+    tp = TopicPartition("cdc", 0)
+    ingest_until_caught_up(config, TopicsSource([change_batch(tp, 0, upserts)], {tp: 2}))
+    # Once the table has the column, a key without its Connect types is read by the column's (microseconds).
+    tombstone = change_batch(tp, 2, [(framed_avro(1, key_schema, {"at": deleted}), None)])
+    ingest_until_caught_up(config, TopicsSource([tombstone], {tp: 3}))
+    rows = DeltaTable(str(tmp_path / "table")).to_pyarrow_table().to_pylist()
+    assert rows == [{"at": dt.datetime(2023, 11, 14, 22, 13, 20), "v": "x"}]

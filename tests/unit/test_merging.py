@@ -53,3 +53,35 @@ def test_a_merge_rewrites_only_the_files_whose_key_range_holds_a_change(tmp_path
     assert metrics["num_target_files_removed"] == 1 and metrics["num_target_files_skipped_during_scan"] == 9
     rows = {r["id"]: r["v"] for r in DeltaTable(uri).to_pyarrow_table().to_pylist()}
     assert len(rows) == 999 and rows[150] == "new" and 151 not in rows and rows[152] == "old"
+
+
+def test_a_soft_delete_without_a_position_keeps_the_rows_and_leaves_a_deleted_row_alone(tmp_path: Path) -> None:
+    """Found by review: Debezium's tombstone after a delete event (no position) blanked the row's _source_ts and
+    _lsn, and rewrote a row the delete event had already marked."""
+    uri = str(tmp_path / "t")
+    at = dt.datetime(2024, 1, 1, tzinfo=dt.UTC)
+    target = pa.table(
+        {
+            "id": pa.array([1, 2], pa.int64()),
+            "_op": ["d", "u"],
+            "_source_ts": pa.array([at, at], pa.timestamp("us", tz="UTC")),
+            "_lsn": pa.array([7, 5], pa.int64()),
+            "_deleted": [True, False],
+        }
+    )
+    write_deltalake(uri, target)
+    tombstones = target.select(["id"]).append_column("_op", pa.array(["d", "d"]))
+    for name in ("_source_ts", "_lsn"):
+        tombstones = tombstones.append_column(target.schema.field(name), pa.nulls(2, target.schema.field(name).type))
+    tombstones = tombstones.append_column("_deleted", pa.array([True, True])).append_column(
+        DELETE_FLAG, pa.array([True, True])
+    )
+    options = ChangeOptions(key=("id",), delete_mode="soft", change_columns=("op", "source_ts", "lsn"))
+    metrics = merge_changes(
+        DeltaTable(uri), tombstones, options, partition_by=[], compression="snappy", properties=CommitProperties()
+    )
+    assert metrics["num_target_rows_updated"] == 1  # row 2 only: row 1 was deleted already
+    assert DeltaTable(uri).to_pyarrow_table().sort_by("id").to_pylist() == [
+        {"id": 1, "_op": "d", "_source_ts": at, "_lsn": 7, "_deleted": True},
+        {"id": 2, "_op": "d", "_source_ts": at, "_lsn": 5, "_deleted": True},
+    ]

@@ -16,6 +16,7 @@ import pytest
 from deltalake import DeltaTable
 
 from kafka2delta.changes import last_changes
+from kafka2delta.changes.connect import convert, fit_to_column
 from kafka2delta.config import Config
 from kafka2delta.coordinator import Coordinator, FileBackend
 from kafka2delta.errors import ConfigError
@@ -411,6 +412,122 @@ def test_a_column_added_beside_a_toasted_value_adds_only_the_column(tmp_path: Pa
         ingest_until_caught_up(cfg, TopicsSource([change_batch(P0, offset, [toasted])], {P0: offset + 1}))
     assert DeltaTable(str(tmp_path / "table")).schema().to_arrow().names == ["id", "doc", "extra"]
     assert rows(tmp_path) == [{"id": 1, "doc": "D", "extra": "y"}]
+
+
+def test_unchanged_toasted_values_of_every_type_debezium_sends_keep_the_rows_values(tmp_path: Path) -> None:
+    """Found by review: Debezium's placeholder for an int[], bigint[] or date[] (its bytes as numbers), an hstore
+    (a map, or JSON text), a uuid[] (a name-based UUID) or a bytea[] was written over the row's value."""
+    cfg = config(tmp_path, K2D_FORMAT__ENVELOPE="debezium", K2D_TABLE__SCHEMA_EVOLUTION="merge")
+    date = {"type": "int32", "optional": True, "name": "io.debezium.time.Date"}
+    columns: dict[str, dict[str, Any]] = {
+        "ints": {"type": "array", "items": {"type": "int32", "optional": True}},
+        "longs": {"type": "array", "items": {"type": "int64", "optional": True}},
+        "days": {"type": "array", "items": date},
+        "hstore": {"type": "map", "keys": {"type": "string"}, "values": {"type": "string", "optional": True}},
+        "hstore_json": {"type": "string", "name": "io.debezium.data.Json"},
+        "uuids": {"type": "array", "items": {"type": "string", "optional": True, "name": "io.debezium.data.Uuid"}},
+        "blobs": {"type": "array", "items": {"type": "bytes", "optional": True}},
+    }
+    source = SourceTable(
+        "t",
+        [field("id", "int64", optional=False), field("note", "string")]
+        + [{**schema, "optional": True, "field": name} for name, schema in columns.items()],
+        ["id"],
+    )
+    values = {
+        "ints": [1, 2],
+        "longs": [2**40],
+        "days": [19_723],
+        "hstore": {"a": "1"},
+        "hstore_json": '{"a":"1"}',
+        "uuids": ["6f1c0a52-4e1b-4a36-9d8e-3f5b2a1c0d9e"],
+        "blobs": [base64.b64encode(b"REAL").decode()],
+    }
+    first = source.event("c", {"id": 1, "note": "a", **values})
+    ingest_until_caught_up(cfg, TopicsSource([change_batch(P0, 0, [first])], {P0: 1}))
+    placeholder = list(PLACEHOLDER.encode())
+    toasted = {
+        "ints": placeholder,
+        "longs": placeholder,
+        "days": placeholder,
+        "hstore": {PLACEHOLDER: PLACEHOLDER},
+        "hstore_json": json.dumps({PLACEHOLDER: PLACEHOLDER}, separators=(",", ":")),
+        "uuids": ["b68a35a7-17ad-35b3-af2a-ae46edb4545a"],  # Java: UUID.nameUUIDFromBytes(placeholder bytes)
+        "blobs": [base64.b64encode(PLACEHOLDER.encode()).decode()],
+    }
+    second = [source.event("u", {"id": 1, "note": "b", **toasted}, lsn=1), source.event("u", {"id": 2, **toasted})]
+    ingest_until_caught_up(cfg, TopicsSource([change_batch(P0, 1, second)], {P0: 3}))
+    kept, new = rows(tmp_path)
+    assert kept == {
+        "id": 1,
+        "note": "b",
+        "ints": [1, 2],
+        "longs": [2**40],
+        "days": [dt.date(2024, 1, 1)],
+        "hstore": [("a", "1")],
+        "hstore_json": '{"a":"1"}',
+        "uuids": ["6f1c0a52-4e1b-4a36-9d8e-3f5b2a1c0d9e"],
+        "blobs": [b"REAL"],
+    }
+    assert new == {"id": 2, "note": None, **dict.fromkeys(columns)}  # a row the table lacked: no value to keep
+
+
+def test_an_unchanged_toasted_map_takes_the_keys_earlier_value_in_the_flush() -> None:
+    hstore = pa.map_(pa.string(), pa.string())
+    changes = pa.table({"id": [1, 1], "h": pa.array([[("a", "1")], [(PLACEHOLDER, PLACEHOLDER)]], hstore)})
+    collapsed = last_changes(changes, pa.array([False, False]), ["id"], PLACEHOLDER)
+    assert collapsed.column("h").to_pylist() == [[("a", "1")]]
+
+
+@pytest.mark.parametrize("split", [(3,), (2, 1), (1, 1, 1)], ids=["one-flush", "tombstone-alone", "each-alone"])
+def test_a_soft_delete_keeps_the_delete_events_position_after_its_tombstone(
+    tmp_path: Path, split: tuple[int, ...]
+) -> None:
+    """Found by review: the tombstone Debezium writes after a delete event (no source, no position) blanked the
+    deleted row's _source_ts and _lsn, in one flush or in the next."""
+    cfg = config(
+        tmp_path,
+        K2D_FORMAT__ENVELOPE="debezium",
+        K2D_TABLE__DELETE_MODE="soft",
+        K2D_TABLE__CHANGE_COLUMNS="op,source_ts,lsn",
+        K2D_TABLE__SCHEMA_EVOLUTION="merge",
+    )
+    source = SourceTable("t", [field("id", "int64", optional=False), field("doc", "string")], ["id"])
+    key, delete = source.event("d", {"id": 1, "doc": "x"}, lsn=7)
+    changes = [source.event("c", {"id": 1, "doc": "x"}, lsn=1), (key, delete), (key, None)]
+    offset = 0
+    for size in split:
+        batch = change_batch(P0, offset, changes[offset : offset + size])
+        offset += size
+        ingest_until_caught_up(cfg, TopicsSource([batch], {P0: offset}))
+    deleted_at = dt.datetime.fromtimestamp(1_700_000_000.007, dt.UTC)
+    assert rows(tmp_path) == [{"id": 1, "doc": "x", "_op": "d", "_source_ts": deleted_at, "_lsn": 7, "_deleted": True}]
+    table = DeltaTable(str(tmp_path / "table"))
+    if split[-1] == 1:  # the tombstone alone: the deleted row is not rewritten, the txn still moves
+        assert table.history(1)[0]["operation"] != "MERGE"
+    assert table.transaction_version("cdc-0") == 2
+
+
+def test_a_schemaless_decimal_with_a_scale_is_a_number_only_with_a_point() -> None:
+    """Found by review: base64 made of digits ("1234", the bytes d7 6d f8) was read as the number 1234."""
+    amount = pa.decimal128(10, 2)
+    assert (
+        fit_to_column("1234", amount, "amount")
+        == Decimal(int.from_bytes(base64.b64decode("1234"), "big", signed=True)) / 100
+    )
+    assert fit_to_column("12.50", amount, "amount") == Decimal("12.50")  # decimal.handling.mode=string
+    assert fit_to_column("1.25E+1", amount, "amount") == Decimal("12.5")  # a "." is never base64
+    # Scale 0: "1234" is a number or base64, and nothing tells which; it stays the number (string mode).
+    assert fit_to_column("1234", pa.decimal128(10, 0), "amount") == Decimal(1234)
+
+
+def test_a_decimal_wider_than_delta_holds_is_text_in_plain_notation() -> None:
+    """Found by review: str() wrote a zero with scale 20 as '0E-20'."""
+    wide = field(
+        "n", "bytes", logical="org.apache.kafka.connect.data.Decimal", scale="20", connect_decimal_precision="40"
+    )
+    assert convert(decimal_bytes(0), wide, "n") == "0.00000000000000000000"
+    assert convert(decimal_bytes(-5), wide, "n") == "-0.00000000000000000005"
 
 
 @pytest.mark.parametrize("flushes", [1, 2])
