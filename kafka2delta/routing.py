@@ -232,7 +232,9 @@ class Routes:
         partition = (TopicPartition(first_topic, 0), TopicPartition(topic, 0))
         ids = (first.txn_ids.main(partition[0]), spec.txn_ids.main(partition[1]))
         if spec.txn_ids != first.txn_ids or (topic != first_topic and not spec.txn_ids.multi_topic):
-            differs = f"txn ids {ids[1]!r} beside {ids[0]!r} (partition 0), which do not both name their topic"
+            # Even ids that differ (no app_id: each names its topic) are refused: one table is one writer, with one
+            # set of txn ids for every topic it takes (a multi-topic table, reached by one URI).
+            differs = f"one-topic txn ids ({ids[1]!r} beside {ids[0]!r} for partition 0), not one multi-topic table's"
         elif spec.settings != first.settings:
             differs = "other table settings (schema, partition_by, schema_evolution, metadata_columns or mode)"
         elif table_key(spec.dead_letter_uri) != table_key(first.dead_letter_uri):
@@ -263,6 +265,7 @@ class Routes:
             delete_mode="soft" if (config.delete_mode or table.delete_mode) == "soft" else "hard",
             change_columns=change_columns,
             before_image=table.before_image and mode == "changelog",
+            decimal_handling=self._config.format.decimal_handling,
         )
 
     def _dead_letter_uri(self, route: _Route) -> str:

@@ -269,7 +269,7 @@ def shown(value: Any) -> str:
 # --- values without a schema: fitted to the table's column types -------------------------------
 
 
-def fit_to_column(value: Any, column_type: pa.DataType, path: str) -> Any:
+def fit_to_column(value: Any, column_type: pa.DataType, path: str, decimal_handling: str = "auto") -> Any:
     """A Debezium value from a message without its Connect schema (``schemas.enable=false``), read by the
     table column's type: a decimal column takes base64 bytes (the column's scale), the number as text
     (:func:`_decimal_text`) or a VariableScaleDecimal object, a date column days, a ``timestamp_ntz`` column
@@ -285,7 +285,7 @@ def fit_to_column(value: Any, column_type: pa.DataType, path: str) -> Any:
         if isinstance(value, Mapping) and "value" in value:
             return variable_scale_value(value, path)
         if isinstance(value, str):
-            return _decimal_text(value, column_type.scale, path)
+            return _decimal_text(value, column_type.scale, path, decimal_handling)
         return value
     if pa.types.is_date(column_type) and isinstance(value, int) and not isinstance(value, bool):
         return date_value(value, path)
@@ -294,18 +294,20 @@ def fit_to_column(value: Any, column_type: pa.DataType, path: str) -> Any:
     return value
 
 
-def _decimal_text(text: str, scale: int, path: str) -> Decimal:
-    """A schema-less decimal sent as text: base64 of the unscaled bytes (the JSON converter's default), or the
-    number itself (``decimal.handling.mode=string``: Java's ``BigDecimal.toPlainString``).
-
-    With a scale above 0 that number always has a "." and base64 never has one, so text without it is base64
-    ("1234" is the bytes d7 6d f8: found by review, it was read as 1234). An exponent form is read as a number only
-    with a "." (then it cannot be base64; Debezium never writes one). With scale 0 the two cannot be told apart:
-    text that reads as a number is taken as one (string mode), so base64 made only of digits (a multiple of 4 of
-    them, e.g. "1234") is misread; only the Connect schema (``schemas.enable=true``) settles it."""
-    if scale > 0 and "." not in text:
+def _decimal_text(text: str, scale: int, path: str, handling: str) -> Decimal:
+    """A schema-less decimal sent as text, as ``format.decimal_handling`` says Debezium wrote it: base64 of the
+    unscaled bytes (``precise``, the JSON converter's default), the number itself (``string``: Java's
+    ``BigDecimal.toPlainString``), or whichever it reads as (``auto``: a number first, so base64 made only of
+    digits such as "1234", the bytes d7 6d f8, is misread; found by review). Only the Connect schema
+    (``schemas.enable=true``) or the setting tells them apart: "100" is a number, and valid base64 too."""
+    if handling == "precise":
         return decimal_value(text, scale, path)
     try:
-        return Decimal(text)
+        number = Decimal(text)
     except InvalidOperation:
-        return decimal_value(text, scale, path)
+        number = None
+    if number is not None and number.is_finite():
+        return number
+    if handling == "string":
+        raise decode_error(f"{path}: {shown(text)} is not a decimal number")
+    return decimal_value(text, scale, path)

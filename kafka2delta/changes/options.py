@@ -42,6 +42,8 @@ class ChangeOptions:
     delete_mode: Literal["hard", "soft"] = "hard"
     """``changelog``: not a column of the changelog; how ``jobs apply-changes`` deletes by default."""
     change_columns: tuple[str, ...] = ()
+    decimal_handling: Literal["auto", "precise", "string"] = "auto"
+    """How a schema-less change's text reads in a decimal column (``format.decimal_handling``)."""
     before_image: bool = False
     """``changelog`` with the Debezium envelope: the ``before`` image as the struct column ``_before``."""
 

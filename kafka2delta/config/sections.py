@@ -280,6 +280,11 @@ class FormatConfig:
     envelope: Literal["none", "debezium"] = "none"
     """Upsert tables: ``none`` (the value is the key's new state) or ``debezium`` (change events with
     ``before``/``after``/``op``, with or without the JSON converter's embedded schema, or Avro or Protobuf)."""
+    decimal_handling: Literal["auto", "precise", "string"] = "auto"
+    """Upsert and changelog tables, change events without a Connect schema: how text in a ``decimal`` column
+    reads, as Debezium's ``decimal.handling.mode`` wrote it. ``precise``: base64 of the unscaled bytes (Debezium's
+    default); ``string``: the number as text; ``auto``: a number when the text reads as one, else base64 (so
+    base64 made only of digits, such as ``"1234"``, is misread: set ``precise`` for Debezium's default)."""
 
 
 @dataclass(frozen=True)

@@ -267,10 +267,11 @@ def _validate_changes(config: Config) -> None:
     if table.before_image and (not changelogs or config.format.envelope != "debezium"):
         raise ConfigError("table.before_image", 'is only used by changelog tables with format.envelope = "debezium"')
     if not changing:
-        if config.format.envelope != "none":
-            raise ConfigError(
-                "format.envelope", "is only used with table.mode = 'upsert' or 'changelog' (or a route's mode)"
-            )
+        for name, unset in (("envelope", "none"), ("decimal_handling", "auto")):
+            if getattr(config.format, name) != unset:
+                raise ConfigError(
+                    f"format.{name}", "is only used with table.mode = 'upsert' or 'changelog' (or a route's mode)"
+                )
         return
     if config.format.key == "none":
         raise ConfigError(

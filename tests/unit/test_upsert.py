@@ -19,7 +19,7 @@ from kafka2delta.changes import last_changes
 from kafka2delta.changes.connect import convert, fit_to_column
 from kafka2delta.config import Config
 from kafka2delta.coordinator import Coordinator, FileBackend
-from kafka2delta.errors import ConfigError
+from kafka2delta.errors import ConfigError, MessageError
 from kafka2delta.records import ConsumedBatch, TopicPartition
 from tests.support.debezium import SourceTable, change_batch, change_config, decimal_bytes, field
 from tests.support.runner import TopicsSource, ingest_until_caught_up
@@ -345,6 +345,16 @@ def test_a_truncate_is_a_dead_letter_that_says_why(tmp_path: Path) -> None:
             "format.envelope",
             "",
         ),
+        (
+            {"K2D_TABLE__MODE": "append", "K2D_TABLE__KEY": "", "K2D_FORMAT__DECIMAL_HANDLING": "precise"},
+            "format.decimal_handling",
+            "upsert",
+        ),
+        (
+            {"K2D_FORMAT__DECIMAL_HANDLING": "exact"},
+            "format.decimal_handling (from K2D_FORMAT__DECIMAL_HANDLING)",
+            "auto",
+        ),
     ],
 )
 def test_upsert_settings_are_checked_at_start_naming_the_key(
@@ -508,17 +518,43 @@ def test_a_soft_delete_keeps_the_delete_events_position_after_its_tombstone(
     assert table.transaction_version("cdc-0") == 2
 
 
-def test_a_schemaless_decimal_with_a_scale_is_a_number_only_with_a_point() -> None:
-    """Found by review: base64 made of digits ("1234", the bytes d7 6d f8) was read as the number 1234."""
+def test_a_schemaless_decimal_reads_as_format_decimal_handling_says() -> None:
+    """Found by review: base64 made of digits ("1234", the bytes d7 6d f8) was read as the number 1234; and a fix
+    reading every text without a "." as base64 turned string mode's "100" (a numeric without scale) into an error
+    and "1234" into -26588.24. Only the setting (Debezium's decimal.handling.mode) tells them apart."""
     amount = pa.decimal128(10, 2)
-    assert (
-        fit_to_column("1234", amount, "amount")
-        == Decimal(int.from_bytes(base64.b64decode("1234"), "big", signed=True)) / 100
+    as_bytes = Decimal(int.from_bytes(base64.b64decode("1234"), "big", signed=True)) / 100
+    assert fit_to_column("1234", amount, "amount", "precise") == as_bytes == Decimal("-26588.24")
+    assert fit_to_column("1234", amount, "amount", "string") == Decimal(1234)
+    assert fit_to_column("1234", amount, "amount") == Decimal(1234)  # auto: a number first
+    assert fit_to_column("AJg=", amount, "amount") == Decimal("1.52")  # auto: base64 when it is no number
+    assert fit_to_column("12.50", amount, "amount", "string") == Decimal("12.50")
+    with pytest.raises(MessageError, match="amount: 'AJg=' is not a decimal number"):
+        fit_to_column("AJg=", amount, "amount", "string")
+    with pytest.raises(MessageError, match="amount: bytes are not base64"):
+        fit_to_column("100", amount, "amount", "precise")
+    with pytest.raises(MessageError, match="not base64"):
+        fit_to_column("NaN", amount, "amount")  # never a number a decimal column holds
+
+
+def test_a_value_its_column_cannot_read_is_a_dead_letter_not_a_stop(tmp_path: Path) -> None:
+    """Found by review: reading a schema-less value by its column's type ran outside the per-message lane, so a
+    decimal that was no number stopped the daemon, and again at every restart."""
+    cfg = config(
+        tmp_path,
+        K2D_TABLE__SCHEMA=json.dumps({"id": "long", "amount": "decimal(12,2)"}),
+        K2D_FORMAT__DECIMAL_HANDLING="string",
     )
-    assert fit_to_column("12.50", amount, "amount") == Decimal("12.50")  # decimal.handling.mode=string
-    assert fit_to_column("1.25E+1", amount, "amount") == Decimal("12.5")  # a "." is never base64
-    # Scale 0: "1234" is a number or base64, and nothing tells which; it stays the number (string mode).
-    assert fit_to_column("1234", pa.decimal128(10, 0), "amount") == Decimal(1234)
+    messages = [
+        (b'{"id": 1}', b'{"id": 1, "amount": "100"}'),
+        (b'{"id": 2}', b'{"id": 2, "amount": "a!"}'),
+        (b'{"id": 3}', b'{"id": 3, "amount": "12.5"}'),
+    ]
+    ingest_until_caught_up(cfg, TopicsSource([change_batch(P0, 0, messages)], {P0: 3}))
+    assert rows(tmp_path) == [{"id": 1, "amount": Decimal("100.00")}, {"id": 3, "amount": Decimal("12.50")}]
+    letters = DeltaTable(str(tmp_path / "dlq")).to_pyarrow_table().to_pylist()
+    assert [(r["offset"], r["stage"]) for r in letters] == [(1, "deserialize")]
+    assert "amount: 'a!' is not a decimal number" in letters[0]["error"]
 
 
 def test_a_decimal_wider_than_delta_holds_is_text_in_plain_notation() -> None:
