@@ -248,7 +248,7 @@ def read_topic(
     batch_size: int = 10_000,
     *,
     filtered: Filtered | None = None,
-    timeout_s: float | None = None,
+    deadline: Deadline | None = None,
     compacted: bool = False,
     tombstone_rows: bool = False,
 ) -> TopicOffsets:
@@ -256,9 +256,9 @@ def read_topic(
 
     ``filtered`` is asked about batches of one partition (up to ``batch_size`` messages); empty payloads are
     skipped, unless ``tombstone_rows`` (a changelog without an envelope writes a tombstone as a delete row).
-    ``timeout_s`` bounds the whole read (:class:`RetryableError` naming the partitions not read to their end).
+    ``deadline`` bounds the whole read (:class:`RetryableError` naming the partitions not read to their end).
     """
-    deadline = Deadline(timeout_s)
+    deadline = deadline or Deadline(None)
     consumer = verify_consumer(bootstrap_servers, settings)
     try:
         metadata = consumer.list_topics(topic, timeout=deadline.wait(30, lambda: f"reading {topic}")).topics.get(topic)
@@ -519,7 +519,8 @@ def _check_topic(
         if schema is None:
             schema = parse_schema(dict(spec.columns)) if spec.columns else pa.schema([])
         filtered = pipeline_filter(pipeline_factory(schema, spec))
-    compacted = is_compacted(bootstrap, topic, settings)
+    deadline = Deadline(timeout_s)  # for the topic's whole read, its cleanup policy included
+    compacted = is_compacted(bootstrap, topic, settings, deadline)
     # Found by review: a changelog without an envelope writes tombstones as delete rows, not skips.
     tombstone_rows = spec.changes is not None and spec.changes.takes_tombstones
     offsets = read_topic(
@@ -527,7 +528,7 @@ def _check_topic(
         topic,
         settings,
         filtered=filtered,
-        timeout_s=timeout_s,
+        deadline=deadline,
         compacted=compacted,
         tombstone_rows=tombstone_rows,
     )

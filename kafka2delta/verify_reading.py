@@ -131,14 +131,21 @@ def partition_messages(topic: str, partition: int, messages: Sequence[Any]) -> P
     )
 
 
-def is_compacted(bootstrap_servers: str, topic: str, settings: Mapping[str, str]) -> bool:
+def is_compacted(bootstrap_servers: str, topic: str, settings: Mapping[str, str], deadline: Deadline) -> bool:
     """Whether ``topic``'s ``cleanup.policy`` compacts it (offsets inside ``[low, high)`` may be gone); False when
     the broker will not say (the check then counts rows at compacted offsets as unexpected, and says why)."""
-    admin = AdminClient({**settings, "bootstrap.servers": bootstrap_servers})
+    # librdkafka's own lines through Python logging (masked), as every client of the daemon's.
+    client: dict[str, Any] = {
+        **settings,
+        "bootstrap.servers": bootstrap_servers,
+        "logger": logging.getLogger("kafka2delta.librdkafka"),
+    }
+    admin = AdminClient(client)
     resource = ConfigResource(ResourceType.TOPIC, topic)
+    wait = deadline.wait(30, lambda: f"cleanup.policy of {topic}")
     try:
-        entries = admin.describe_configs([resource], request_timeout=30)[resource].result(timeout=30)
-    except KafkaException as exc:
+        entries = admin.describe_configs([resource], request_timeout=wait)[resource].result(timeout=wait)
+    except (KafkaException, TimeoutError) as exc:
         logger.warning(
             "cannot read cleanup.policy of %s (%s): rows at offsets compaction removed count as unexpected", topic, exc
         )
@@ -195,11 +202,7 @@ def read_table(
                     "table.metadata_columns",
                     f"{uri} has no column {column!r}: verify needs the partition and offset of every row",
                 )
-        txns = {p: table.transaction_version(f"{app_id}-{p}") for p in partitions}
-        if legacy_app_id is not None and topic is not None:
-            older = {p: table.transaction_version(f"{legacy_app_id}-{p}") for p, v in txns.items() if v is None}
-            if any(v is not None for v in older.values()) and legacy_txn_owner(table, uri)[0] == topic:
-                txns.update((p, v) for p, v in older.items() if v is not None)
+        txns = txn_versions(table, uri, app_id, partitions, topic=topic, legacy_app_id=legacy_app_id)
         rows = table.to_pyarrow_dataset().to_table(
             columns=[partition_column, offset_column], filter=where(schema) if where else None
         )
@@ -220,6 +223,25 @@ def read_table(
         ),
         untraced=rows.num_rows - kept.num_rows,
     )
+
+
+def txn_versions(
+    table: DeltaTable,
+    uri: str,
+    app_id: str,
+    partitions: Iterable[int],
+    *,
+    topic: str | None = None,
+    legacy_app_id: str | None = None,
+) -> dict[int, int | None]:
+    """The txn version ``<app_id>-<p>`` of each partition; where there is none, ``<legacy_app_id>-<p>`` when
+    ``topic`` owns the table's one-topic ids (as :class:`kafka2delta.writer.DeltaWriter` reads them)."""
+    txns = {p: table.transaction_version(f"{app_id}-{p}") for p in partitions}
+    if legacy_app_id is not None and topic is not None:
+        older = {p: table.transaction_version(f"{legacy_app_id}-{p}") for p, v in txns.items() if v is None}
+        if any(v is not None for v in older.values()) and legacy_txn_owner(table, uri)[0] == topic:
+            txns.update((p, v) for p, v in older.items() if v is not None)
+    return txns
 
 
 def _pairs() -> pa.Table:

@@ -58,8 +58,10 @@ Topics = Mapping[str, Mapping[int, Sequence[Stored]]]
 
 
 class FakeVerifyConsumer:
-    def __init__(self, topics: Topics, fail_at: Mapping[int, tuple[int, int]] | None = None) -> None:
-        self.topics, self.fail_at = topics, fail_at or {}
+    def __init__(
+        self, topics: Topics, settings: Mapping[str, Any], fail_at: Mapping[int, tuple[int, int]] | None = None
+    ) -> None:
+        self.topics, self.settings, self.fail_at = topics, dict(settings), fail_at or {}
         self.queue: list[_Message] = []
         self.closed = False
 
@@ -104,7 +106,7 @@ def serve_topics(
     made: list[FakeVerifyConsumer] = []
 
     def consumer(settings: Mapping[str, Any]) -> FakeVerifyConsumer:
-        made.append(FakeVerifyConsumer(topics, fail_at))
+        made.append(FakeVerifyConsumer(topics, settings, fail_at))
         return made[-1]
 
     def partitions(bootstrap_servers: str, topic: str, settings: Mapping[str, str]) -> list[int]:

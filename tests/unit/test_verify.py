@@ -1,18 +1,22 @@
 """The checker's comparison, on synthetic topic offsets and table contents."""
 
 import json
+from collections.abc import Mapping
+from concurrent.futures import Future
 from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 from unittest.mock import Mock
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, KafkaException
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
-from kafka2delta import verify
+from kafka2delta import verify, verify_reading
 from kafka2delta.cli import build_pipeline
 from kafka2delta.config import Config, load_config
 from kafka2delta.errors import RetryableError
@@ -32,7 +36,7 @@ from kafka2delta.verify import (
     rows_beyond_txn,
 )
 from kafka2delta.verify_changes import ChangesReport, dead_letter_offsets
-from kafka2delta.verify_reading import read_table
+from kafka2delta.verify_reading import Deadline, is_compacted, read_table
 from kafka2delta.writer import LEGACY_OWNER_PROPERTY
 from tests.support.debezium import change_batch, change_config
 from tests.support.runner import TopicsSource, ingest_until_caught_up
@@ -200,9 +204,51 @@ def test_a_table_read_counts_rows_without_offsets_and_takes_the_one_topic_txn_id
 def test_retention_deleting_offsets_mid_read_stops_the_check_naming_the_partition(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    serve_topics(monkeypatch, {"t": {0: [(0, b"a", None), (1, b"b", None)]}}, fail_at={0: (1, AUTO_OFFSET_RESET)})
+    made = serve_topics(
+        monkeypatch, {"t": {0: [(0, b"a", None), (1, b"b", None)]}}, fail_at={0: (1, AUTO_OFFSET_RESET)}
+    )
     with pytest.raises(RetryableError, match=r"t\[0\] at 1: retention deleted offsets"):
-        read_topic("unused:1", "t", {})
+        read_topic("unused:1", "t", {"auto.offset.reset": "earliest"})
+    # The broker says so only when asked to: librdkafka's default jumps to the end of the partition.
+    assert made[0].settings["auto.offset.reset"] == "error"
+
+
+class FakeAdmin:
+    """The AdminClient's describe_configs, answering one topic's cleanup.policy (or failing)."""
+
+    def __init__(self, policy: str | None, failure: Exception | None = None) -> None:
+        self.policy, self.failure = policy, failure
+
+    def __call__(self, settings: Mapping[str, Any]) -> "FakeAdmin":
+        assert settings["bootstrap.servers"] == "unused:1" and "logger" in settings
+        return self
+
+    def describe_configs(self, resources: list[Any], request_timeout: float) -> dict[Any, Future[Any]]:
+        future: Future[Any] = Future()
+        if self.failure is not None:
+            future.set_exception(self.failure)
+        else:
+            entries = {} if self.policy is None else {"cleanup.policy": SimpleNamespace(value=self.policy)}
+            future.set_result(entries)
+        return {resources[0]: future}
+
+
+@pytest.mark.parametrize(
+    ("admin", "compacted"),
+    [
+        (FakeAdmin("compact"), True),
+        (FakeAdmin("compact,delete"), True),
+        (FakeAdmin("delete"), False),
+        (FakeAdmin(None), False),
+        (FakeAdmin(None, KafkaException(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))), False),
+        (FakeAdmin(None, TimeoutError()), False),
+    ],
+)
+def test_the_cleanup_policy_says_whether_a_topic_is_compacted(
+    monkeypatch: pytest.MonkeyPatch, admin: FakeAdmin, compacted: bool
+) -> None:
+    monkeypatch.setattr(verify_reading, "AdminClient", admin)
+    assert is_compacted("unused:1", "t", {}, Deadline(None)) is compacted
 
 
 def _upsert_config(tmp_path: Path, **env: str) -> Config:
