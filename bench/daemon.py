@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 from deltalake import DeltaTable
+from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from bench.datasets import DATASETS, TRANSFORMS
 from bench.latency import row_latencies, summary
@@ -40,7 +41,8 @@ def daemon_env(
 ) -> dict[str, str]:
     data = DATASETS[dataset]
     env = {
-        **os.environ,
+        # The measured daemon's settings are these alone: a K2D_* variable of the shell would change it unseen.
+        **{name: value for name, value in os.environ.items() if not name.startswith("K2D_")},
         # The daemon's package from `src` (default: this checkout), whatever the venv has installed.
         "PYTHONPATH": os.pathsep.join(filter(None, [str(src), os.environ.get("PYTHONPATH", "")])),
         "K2D_KAFKA__BOOTSTRAP_SERVERS": bootstrap,
@@ -146,7 +148,7 @@ def ready(port: int) -> bool:
 def _rows(table: Path) -> int:
     try:
         return int(DeltaTable(str(table)).count())
-    except Exception:  # no table yet, or a version being written
+    except (TableNotFoundError, DeltaError, OSError):  # no table yet, or a version being written
         return 0
 
 
@@ -204,7 +206,9 @@ def steady(
     return result, latencies
 
 
-_COMMITTED = re.compile(r"committed version (\d+) \((\w+)\).* in ([\d.]+) s$")
+# progress.py's "committed version %d of %s (%s): … in %.3f s" (the table was added on 2026-11-25, and this
+# summary came out empty from then until a review found it).
+_COMMITTED = re.compile(r"committed version (\d+) (?:of \S+ )?\((\w+)\).* in ([\d.]+) s$")
 
 
 def _commit_lines(log: Path) -> dict[str, Any]:

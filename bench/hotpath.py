@@ -109,7 +109,14 @@ STAGES = (
     ("tables.py", "loop (glue)"),
     ("pacing.py", "loop (glue)"),
     ("metrics.py", "loop (glue)"),
+    ("turns.py", "loop (glue)"),
+    ("faults.py", "loop (glue)"),
+    ("status.py", "status page and logs"),
+    ("logs.py", "status page and logs"),
     ("cli.py", "start-up"),
+    ("startup.py", "start-up"),
+    ("config/", "start-up"),
+    ("edges.py", "start-up"),
 )
 
 
@@ -118,6 +125,8 @@ def _stage(frames: list[tuple[str, str]]) -> str:
         if "kafka2delta" not in file:
             continue
         inside = Path(file).as_posix().rsplit("kafka2delta/", 1)[-1]
+        if func == "<module>":  # a module of the package being imported, not its stage at work (found by review)
+            return "start-up (imports)"
         for module, stage in STAGES:
             if inside == module or (module.endswith("/") and inside.startswith(module)):
                 return stage

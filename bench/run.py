@@ -1,6 +1,6 @@
 """The benchmark: kafka2delta side by side with Spark Structured Streaming, on one machine, in one run.
 
-    python -m bench.run            # the full run (`make bench`), about 15 minutes on 2 cores
+    python -m bench.run            # the full run (`make bench`), about 25 minutes on 2 cores (20–27 recorded)
     python -m bench.run --quick    # a small run of every scenario (`make bench-quick`), about 5 minutes
 
 It starts its own Kafka broker (dev/kafka, free ports on 127.0.0.1, stopped at the end), then:
@@ -608,7 +608,10 @@ def main() -> int:
         report.write(results, out)
         log(f"wrote {out / 'latest.json'}, {out / 'latest.md'} and the plots")
     print(report.markdown(results))
-    return 0
+    problems = report.errors(results)
+    for problem in problems:
+        log(f"ERROR {problem}")
+    return 1 if problems else 0
 
 
 if __name__ == "__main__":

@@ -331,7 +331,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--writers", default="1,2,4,8")
     parser.add_argument("--stores", default="local,s3,s3-latency")
-    parser.add_argument("--rate", type=float, default=8000)
+    parser.add_argument("--rate", type=float, default=6000)  # as make bench's writers scenario and the README
     parser.add_argument("--seconds", type=float, default=30)
     parser.add_argument("--warmup", type=float, default=10)
     parser.add_argument("--paced", default="8:2", help="N:budget, one more local point with that budget ('' = none)")
