@@ -92,7 +92,10 @@ def _escape_path_name(value: str) -> str:
     return "".join(c if c in _PATH_SAFE and c != " " else f"%{ord(c):02X}" for c in value)
 
 
-def _filesystem(uri: str, storage_options: Mapping[str, str]) -> tuple[pa_fs.FileSystem, str]:
+def table_filesystem(uri: str, storage_options: Mapping[str, str]) -> tuple[pa_fs.FileSystem, str]:
+    """The Arrow filesystem and root path of the table at ``uri``, built from the table's storage options (endpoint,
+    credentials, region) as deltalake reads them: the daemon's Parquet files and the Spark jobs' listings of a
+    table go where its log goes. ConfigError naming ``table.uri`` for a scheme it does not know."""
     parsed = urlparse(uri)
     if parsed.scheme in ("", "file"):
         return pa_fs.LocalFileSystem(), parsed.path if parsed.scheme else uri
@@ -146,7 +149,7 @@ _COMMIT_FILE = re.compile(r"^(\d{20})\.json$")
 
 def log_versions(uri: str, storage_options: Mapping[str, str]) -> list[int]:
     """The versions of the commit files in a table's ``_delta_log`` (sorted), read from storage."""
-    filesystem, root = _filesystem(uri, storage_options)
+    filesystem, root = table_filesystem(uri, storage_options)
     selector = pa_fs.FileSelector(f"{root.rstrip('/')}/_delta_log", allow_not_found=True)
     try:
         infos = filesystem.get_file_info(selector)
@@ -199,7 +202,7 @@ class DeltaWriter:
         self._landed: dict[TopicPartition, int] | None = None
         self.last_merge: dict[str, Any] = {}
         """delta-rs's metrics of the last MERGE (files and rows touched), for logs and metrics."""
-        self._filesystem, self._root = _filesystem(uri, storage_options)
+        self._filesystem, self._root = table_filesystem(uri, storage_options)
         self._txns = TxnVersions(self._filesystem, self._root)
         self.schema: pa.Schema = _table_schema(table)
         """The table schema as of the last refresh or commit of this writer."""

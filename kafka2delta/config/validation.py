@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
 
@@ -333,6 +334,81 @@ def _validate_spark_jobs(config: Config) -> None:
             "jobs.retention_days" if jobs.retention_column else "jobs.retention_column",
             "retention needs both jobs.retention_column and jobs.retention_days",
         )
+    check_coordinator_order(config)
+
+
+# Where a job takes its coordinator turns, when that is not any table: `jobs mutate` and `jobs ttl` change
+# table.uri alone, `jobs apply-changes` its --target alone (never a table the daemon writes), and the daemon
+# (join_ingest) the tables it writes. Anything else (`maintain`, a job of another name) may run on any table.
+_MAIN, _ROUTED, _TARGET = "table.uri", "the daemon's other tables (routes, {topic})", "a jobs apply-changes --target"
+JOB_TABLES: dict[str, frozenset[str]] = {
+    "mutate": frozenset({_MAIN}),
+    "ttl": frozenset({_MAIN}),
+    "apply-changes": frozenset({_TARGET}),
+}
+"""The tables the turns of ``jobs mutate``, ``ttl`` and ``apply-changes`` are on (by action: the default job name)."""
+
+
+def check_coordinator_order(config: Config, jobs: Mapping[str, frozenset[str]] = {}) -> None:
+    """Each table has its own lock and registration (no ``coordinator.resource``), so ``coordinator.order`` cycles
+    on each table through the jobs that run there. A table where two or more of its jobs run, but not all, stalls
+    for good: a job whose predecessor never runs there waits for it once another job has registered (the daemon
+    registers every ``ingest.allowed_latency_s``, so ``order_timeout_s`` does not help then). ConfigError naming
+    ``coordinator.order``. ``jobs`` adds where a job of another name runs (a ``--job-name``)."""
+    coordinator = config.coordinator
+    order = coordinator.order
+    if coordinator.backend == "none" or coordinator.resource or len(order) < 2:
+        return  # no shared registration, or one cycle over every table
+    runs_on = {**JOB_TABLES, **jobs}
+    everywhere = frozenset({_MAIN, _ROUTED, _TARGET})
+    if coordinator.join_ingest:
+        runs_on["ingest"] = frozenset({_MAIN, _ROUTED})
+    tables = [_MAIN] if config.table.uri else []
+    if _writes_several_tables(config):
+        tables.append(_ROUTED)
+    if any(runs_on.get(job) == frozenset({_TARGET}) for job in order):
+        tables.append(_TARGET)
+    for table in tables:
+        there = [job for job in order if table in runs_on.get(job, everywhere)]
+        daemon_there = coordinator.join_ingest and "ingest" in there
+        if not 2 <= len(there) < len(order) or (coordinator.order_timeout_s > 0 and not daemon_there):
+            continue
+        stalled = next(job for job in there if order[order.index(job) - 1] not in there)
+        waits_for = order[order.index(stalled) - 1]
+        missing = [job for job in order if job not in there]
+        outcome = "the daemon commits nothing there" if stalled == "ingest" else "reported skipped, exit 0"
+        raise ConfigError(
+            "coordinator.order",
+            f"{list(order)} cannot cycle on {table}: only {', '.join(there)} take turns there, never "
+            f"{', '.join(missing)} ({_WHY.get(missing[0], 'not run there')}), so once another of them has run, "
+            f"{stalled} waits for {waits_for} there forever ({outcome}). Order only jobs that run on every "
+            "table, or set coordinator.resource (one lock and one cycle for all the config's tables)",
+        )
+
+
+_WHY = {
+    "mutate": "jobs mutate changes table.uri only",
+    "ttl": "jobs ttl changes table.uri only",
+    "apply-changes": "jobs apply-changes writes its --target only, never a table the daemon writes",
+    "ingest": "the daemon takes its ingest turns on the tables it writes only",
+}
+
+
+def _writes_several_tables(config: Config) -> bool:
+    """Whether the daemon may write a table besides ``table.uri``: routes to other tables, or a ``{topic}`` that
+    more than one topic fills."""
+    kafka, table = config.kafka, config.table
+    only_topic = kafka.topic or (kafka.topics[0] if len(kafka.topics) == 1 else "")
+    uris: set[str] = set()
+    for uri, topic in [(table.uri, only_topic), *((r.uri or table.uri, r.topic or only_topic) for r in config.routes)]:
+        if TOPIC_PLACEHOLDER in uri:
+            if not topic:
+                return True
+            uri = uri.replace(TOPIC_PLACEHOLDER, topic)
+        uri = uri.removeprefix("file://")
+        if uri:  # spelled as routing compares tables: no trailing "/", local paths absolute
+            uris.add(uri.rstrip("/") if "://" in uri else os.path.abspath(uri))
+    return len(uris) > 1
 
 
 def _validate_subscription(config: Config) -> None:

@@ -55,12 +55,13 @@ from kafka2delta.spark.change_merge import (
     placeholders,
     sql_literal,
 )
-from kafka2delta.spark.errors import CheckpointMismatch, TableNotWritable, translate
+from kafka2delta.spark.errors import TableNotWritable, translate
 from kafka2delta.spark.jobs import TurnJob, TurnStats, checkpoint_location
-from kafka2delta.spark.mutations import Target, _q, _Txn
+from kafka2delta.spark.mutations import Target, _q, _Txn, check_not_past
 from kafka2delta.spark.tables import (
     TableStats,
     check_writable,
+    daemon_tables,
     is_table,
     open_table,
     spark_only_table,
@@ -112,14 +113,6 @@ def _matches(configured: str, uri: str, topics: re.Pattern[str] | None = None) -
     if found is None:
         return False
     return topics is None or "topic" not in found.groupdict() or topics.search(found["topic"]) is not None
-
-
-def daemon_tables(config: Config) -> list[tuple[str, str]]:
-    """(config key, URI or ``{topic}`` template) of every table the config's daemon writes, dead letters included."""
-    tables = [("table.uri", config.table.uri), ("dead_letters.table_uri", config.dead_letter_table_uri)]
-    for i, route in enumerate(config.routes):
-        tables += [(f"routes[{i}].uri", route.uri), (f"routes[{i}].dead_letter_table_uri", route.dead_letter_table_uri)]
-    return [(key, uri) for key, uri in tables if uri]
 
 
 def _writer_route(config: Config, uri: str) -> tuple[str, RouteConfig | None] | None:
@@ -193,7 +186,7 @@ def resolve_options(
         raise ConfigError("--target", f"is the --source ({source}): the current state needs a table of its own")
     if max_files_per_trigger <= 0:
         raise ConfigError("--max-files-per-trigger", f"expected a positive number, got {max_files_per_trigger}")
-    for where, uri in daemon_tables(config):
+    for where, uri, _ in daemon_tables(config):
         if _matches(uri, target):
             raise ConfigError(
                 "--target",
@@ -283,16 +276,6 @@ class ChangeCounts:
             setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
 
-def _check_not_past(target: Target, txn_app_id: str, applied: int, batch_id: int) -> None:
-    if applied > batch_id:
-        raise CheckpointMismatch(
-            f"batch {batch_id} would commit txn version {batch_id} of {txn_app_id}, but {target.uri} already has "
-            f"version {applied}: the checkpoint is behind the table (restored, replaced, or shared with another "
-            f"job of the same name); its batches would be skipped as replays. Run with the checkpoint that wrote "
-            f"version {applied} (jobs.checkpoint_dir, --job-name), or drop the target and its checkpoint to rebuild it"
-        )
-
-
 def create_target(session: SparkSession, target: Target, schema: StructType, key: Sequence[str], soft: bool) -> None:
     """The target, from the changelog's columns: the key NOT NULL, ``_deleted`` when soft, deletion vectors on."""
     from delta.tables import DeltaTable
@@ -350,7 +333,7 @@ def apply_batch(
     target, counts = options.target, ChangeCounts()
     exists = is_table(target.uri, target.storage_options)
     applied = target.applied_version(txn_app_id) if exists else -1
-    _check_not_past(target, txn_app_id, applied, batch_id)
+    check_not_past(target, txn_app_id, applied, batch_id, start_over="drop the target and its checkpoint to rebuild it")
     if applied == batch_id:
         counts.replayed_batches = 1
         logger.info("batch %d: already applied (txn %s=%d in %s); skipped", batch_id, txn_app_id, applied, target.uri)
@@ -415,7 +398,7 @@ def apply_batch(
         faults.point("after_apply_merge")  # committed; Spark's checkpoint not yet told: the batch will run again
         metrics = _merge_metrics(session, target, before)
     except (PySparkException, Py4JError) as exc:
-        raise translate(exc, step) from exc
+        raise translate(exc, step, target.uri) from exc
     if metrics is None:
         counts.replayed_batches = 1
         logger.info("batch %d: Delta skipped the MERGE (txn %s=%d already applied)", batch_id, txn_app_id, batch_id)

@@ -14,9 +14,10 @@ imported only when one of its commands runs (the daemon's container does not shi
 Each takes ``--master URL``, ``--conf k=v`` (repeatable) and ``--json``, prints one line per table (what it did:
 files before/after, rows changed, duration) and exits 0 (done, or skipped because the coordinator gave no turn),
 1 (failed) or 2 (bad configuration). ``maintain`` works on every table the config writes (``table.uri`` and the
-routes' URIs, a ``{topic}`` matching every table beside it) or on the ``--table`` URIs and globs given; one
-table's failure is reported and the others are still done (exit 1 at the end). ``jobs apply-changes`` takes its
-turns on the ``--target`` table (the coordinator's resource), the others on ``table.uri``.
+routes' URIs, a ``{topic}`` matching every table beside it; never a dead-letter table, which ``--dead-letters``
+adds) or on the ``--table`` URIs and globs given; one table's failure is reported and the others are still done
+(exit 1 at the end, 2 if a failure was a configuration error). ``jobs apply-changes`` takes its turns on the
+``--target`` table (the coordinator's resource), the others on ``table.uri``.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 COMMANDS = ("maintain", "jobs")
-EXIT_OK, EXIT_FAILED = 0, 1
+EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -157,10 +158,13 @@ def run(args: argparse.Namespace, config: Config) -> int:
         session = _session(args, config, args.action)
         return _maintain(args, config, session, tables, job_name)
     from kafka2delta import faults
+    from kafka2delta.config.validation import JOB_TABLES, check_coordinator_order
     from kafka2delta.spark.jobs import check_job_name, check_not_changelog
 
     faults.arm_from_environment()
     check_job_name(job_name)  # before the JVM starts (20 s)
+    # The config's own check knows the jobs by their default names; this run's --job-name may be another.
+    check_coordinator_order(config, {job_name: JOB_TABLES[args.action]})
     if args.action in ("mutate", "ttl"):
         check_not_changelog(config, args.action)
     resource = config.table.uri
@@ -199,20 +203,38 @@ def _check_maintain_arguments(args: argparse.Namespace) -> None:
 
 
 def maintained_tables(config: Config, explicit: list[str]) -> list[str]:
-    """The tables ``maintain`` works on: the ``--table`` URIs (globs expanded), else every table the config
-    writes: ``table.uri`` and the routes' URIs, ``{topic}`` standing for any name (the dead-letter table
-    is not one of them: ``--dead-letters`` adds it)."""
+    """The tables ``maintain`` works on, each once: the ``--table`` URIs (globs expanded), else every table the
+    config writes: ``table.uri`` and the routes' URIs, ``{topic}`` standing for any name. Never a dead-letter
+    table (the daemon's or a route's, however spelled: its columns are not the topic tables', so neither are
+    ``--zorder-by`` and ``--where``); ``--dead-letters`` adds them (:func:`dead_letter_tables`)."""
     from kafka2delta.config import TOPIC_PLACEHOLDER
-    from kafka2delta.spark.tables import expand
+    from kafka2delta.coordinator import table_identity
+    from kafka2delta.spark.tables import daemon_tables, expand
 
-    patterns = explicit or [uri.replace(TOPIC_PLACEHOLDER, "*") for uri in _configured_uris(config)]
+    tables = daemon_tables(config)
+    patterns = explicit or [t.uri.replace(TOPIC_PLACEHOLDER, "*") for t in tables if not t.dead_letters]
     found = [uri for pattern in patterns for uri in expand(pattern, config.table.storage_options)]
-    dead_letters = config.dead_letter_table_uri.rstrip("/")
-    return [uri for uri in dict.fromkeys(found) if uri.rstrip("/") != dead_letters]
+    dead_letters = {table_identity(t.uri) for t in tables if t.dead_letters}
+    maintained: dict[str, str] = {}
+    for uri in found:
+        identity = table_identity(uri)
+        if identity not in dead_letters:
+            maintained.setdefault(identity, uri)
+    return list(maintained.values())
 
 
-def _configured_uris(config: Config) -> list[str]:
-    return [uri for uri in dict.fromkeys([config.table.uri, *(route.uri for route in config.routes)]) if uri]
+def dead_letter_tables(config: Config) -> list[str]:
+    """The dead-letter tables ``--dead-letters`` adds: the daemon's (it makes it at start), and each route's own
+    that exists (the daemon makes those at a route's first dead letter)."""
+    from kafka2delta.coordinator import table_identity
+    from kafka2delta.spark.tables import daemon_tables, is_table
+
+    found: dict[str, str] = {table_identity(config.dead_letter_table_uri): config.dead_letter_table_uri}
+    for table in daemon_tables(config):
+        identity = table_identity(table.uri)
+        if table.dead_letters and identity not in found and is_table(table.uri, config.table.storage_options):
+            found[identity] = table.uri
+    return list(found.values())
 
 
 def _maintain(args: argparse.Namespace, config: Config, session: SparkSession, tables: list[str], job_name: str) -> int:
@@ -221,8 +243,9 @@ def _maintain(args: argparse.Namespace, config: Config, session: SparkSession, t
     from kafka2delta.errors import Kafka2DeltaError
     from kafka2delta.spark.report import Report
 
-    failed = 0
-    uris = tables + ([config.dead_letter_table_uri] if args.dead_letters else [])
+    failed = config_errors = 0
+    letters = dead_letter_tables(config) if args.dead_letters else []
+    uris = tables + letters
     for uri in uris:
         coordinator = open_coordinator(config.coordinator, uri)
         try:
@@ -231,19 +254,20 @@ def _maintain(args: argparse.Namespace, config: Config, session: SparkSession, t
                 _print(Report(args.action, uri, status="skipped", reason=coordinator.last_skip), args.json)
                 continue
             with turn:
-                report = _maintain_one(args, config, session, uri, dead_letters=uri not in tables)
+                report = _maintain_one(args, config, session, uri, dead_letters=uri in letters)
         except Kafka2DeltaError as exc:
             if len(uris) == 1:
                 raise
             logger.error("%s %s failed: %s", args.action, uri, exc)
             report = Report(args.action, uri, status="failed", reason=str(exc))
             failed += 1
+            config_errors += isinstance(exc, ConfigError)
         finally:
             coordinator.close()
         _print(report, args.json)
     if failed:
         logger.error("%s: %d of %d tables failed", args.action, failed, len(uris))
-    return EXIT_FAILED if failed else EXIT_OK
+    return EXIT_CONFIG if config_errors else EXIT_FAILED if failed else EXIT_OK
 
 
 def _maintain_one(
@@ -257,7 +281,7 @@ def _maintain_one(
             uri,
             config.table.storage_options,
             zorder_by=() if dead_letters else args.zorder_by,
-            where=args.where,
+            where="" if dead_letters else args.where,
             target_file_size=args.target_file_size,
             purge_deletion_vectors=args.purge_deletion_vectors,
         )
@@ -296,4 +320,4 @@ def _job(
     report = job.run(available_now=args.available_now, max_turns=args.max_turns, stop=stop)
     _print(report, args.json)
     sys.stdout.flush()
-    return EXIT_OK
+    return EXIT_FAILED if report.status == "failed" else EXIT_OK

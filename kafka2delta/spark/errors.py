@@ -3,8 +3,9 @@
     Kafka2DeltaError
      ├── RetryableError
      │    ├── ConflictingCommit    Delta refused the job's commit (a concurrent writer); the next turn retries
-     │    └── SourceSchemaChanged  a Delta source's schema changed under a streaming query; the next turn
-     │                             restarts the query, which reads the new schema
+     │    └── SourceSchemaChanged  a table's schema changed under the job (a streaming query's Delta source,
+     │                             or a table since a DataFrame over it was analysed: the daemon added a
+     │                             column); the next turn reads the new schema
      └── FatalError
           ├── SparkJobError        Spark or Delta failed otherwise (the message names the step)
           ├── CheckpointMismatch   the table holds a later txn version of the job than its checkpoint's batch
@@ -12,11 +13,12 @@
                                    another writer's); the jobs refuse to touch it
 
 Spark's exceptions (``PySparkException``, ``Py4JJavaError``) are caught where a job calls Spark and re-raised
-as one of these with ``raise ... from exc`` (:func:`translate`).
+as one of these with ``raise ... from exc`` (:func:`translate`), naming the step and the table.
 """
 
 from __future__ import annotations
 
+from kafka2delta.config import without_credentials
 from kafka2delta.errors import FatalError, RetryableError
 
 # Delta's optimistic-concurrency failures: another commit landed between the job's read and its commit.
@@ -30,8 +32,12 @@ CONFLICT_MARKERS = (
     "DELTA_CONCURRENT_",
 )
 
-# The Delta streaming source's "Detected schema change ... Please try restarting the query" error classes.
-SCHEMA_CHANGED_MARKER = "DELTA_SCHEMA_CHANGED"
+# A table's schema changed under the job; a new turn, with new DataFrames and queries, reads the new one:
+# the Delta streaming source's "Detected schema change ... Please try restarting the query" error classes
+# (DELTA_SCHEMA_CHANGED, DELTA_SCHEMA_CHANGED_WITH_VERSION …), and "The schema of your Delta table has changed
+# in an incompatible way since your DataFrame or DeltaTable object was created" (a MERGE's or DELETE's table
+# analysed before the daemon's commit that added a column).
+SCHEMA_CHANGED_MARKERS = ("DELTA_SCHEMA_CHANGED", "DELTA_SCHEMA_CHANGE_SINCE_ANALYSIS")
 
 
 class ConflictingCommit(RetryableError):
@@ -44,12 +50,13 @@ class ConflictingCommit(RetryableError):
 
 
 class SourceSchemaChanged(RetryableError):
-    """The Delta table a streaming query reads changed its schema after the query started (Delta fails the query
-    with ``DELTA_SCHEMA_CHANGED*`` and asks for a restart) when it plans a micro-batch, before the batch runs;
-    a new query reads the new schema."""
+    """A table's schema changed under the job, before the step's commit: the Delta table a streaming
+    query reads, after the query started (Delta fails the query with ``DELTA_SCHEMA_CHANGED*`` when it plans a
+    micro-batch, before the batch runs), or a table since a DataFrame or DeltaTable over it was analysed
+    (``DELTA_SCHEMA_CHANGE_SINCE_ANALYSIS``). A new query, with new DataFrames, reads the new schema."""
 
     def __init__(self, step: str, detail: str) -> None:
-        super().__init__(f"{step}: the source's schema changed during the query: {detail}")
+        super().__init__(f"{step}: a table's schema changed during the step: {detail}")
         self.step = step
         self.detail = detail
 
@@ -80,9 +87,10 @@ def is_conflict(exc: BaseException) -> bool:
     return any(marker in text for marker in CONFLICT_MARKERS)
 
 
-def translate(exc: BaseException, step: str) -> ConflictingCommit | SourceSchemaChanged | SparkJobError:
-    """Our error for a Spark/py4j exception raised during ``step``."""
-    if SCHEMA_CHANGED_MARKER in str(exc):
+def translate(exc: BaseException, step: str, table: str) -> ConflictingCommit | SourceSchemaChanged | SparkJobError:
+    """Our error for a Spark/py4j exception raised during ``step`` on ``table`` (named without credentials)."""
+    step = f"{step} on {without_credentials(table)}"
+    if any(marker in str(exc) for marker in SCHEMA_CHANGED_MARKERS):
         return SourceSchemaChanged(step, _summary(str(exc), 300))
     if is_conflict(exc):
         marker = next(m for m in CONFLICT_MARKERS if m in str(exc))

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from kafka2delta.config import Config
 from kafka2delta.coordinator import Coordinator, CoordinatorError
@@ -35,16 +35,20 @@ from kafka2delta.spark.kafka_source import kafka_source_options
 from kafka2delta.spark.mutations import (
     GROUP_STRIDE,
     BatchResult,
+    RetentionType,
     Target,
     apply_gdpr_deletes,
     apply_mutations,
+    retention_bound,
     retention_delete,
+    retention_predicate,
 )
 from kafka2delta.spark.report import Report
 from kafka2delta.spark.session import spark_path
 from kafka2delta.spark.tables import TableStats, add_actions, check_writable, table_stats
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
 logger = logging.getLogger(__name__)
@@ -80,6 +84,27 @@ def checkpoint_location(config: Config, job: str, table_uri: str = "") -> str:
     job's own target) or ``table.uri``."""
     base = config.jobs.checkpoint_dir or f"{(table_uri or config.table.uri).rstrip('/')}_checkpoints"
     return f"{spark_path(base).rstrip('/')}/{job}"
+
+
+def may_hold_rows_before(actions: pa.Table, column: str, bound: dt.datetime | dt.date) -> bool:
+    """False when the files' min statistics of ``column`` (``actions``: :func:`~.tables.add_actions`) prove that no
+    row is below ``bound`` (:func:`~.mutations.retention_bound`: then the retention delete has nothing to do).
+    A timestamp without a time zone in the statistics is UTC, as the session's."""
+    if actions.num_rows == 0:
+        return False
+    name = f"min.{column}"
+    if name not in actions.column_names:
+        return True
+    for low in actions.column(name).to_pylist():
+        if isinstance(low, dt.datetime) and isinstance(bound, dt.datetime):
+            if (low if low.tzinfo else low.replace(tzinfo=dt.UTC)) < bound:
+                return True
+        elif isinstance(low, dt.date) and not isinstance(low, dt.datetime) and not isinstance(bound, dt.datetime):
+            if low < bound:
+                return True
+        else:
+            return True  # no statistics, or not of the column's type: cannot tell
+    return False
 
 
 _DAEMON_TXN_SUFFIX = re.compile(r".*-\d+")
@@ -272,7 +297,7 @@ class TurnJob(Generic[StatsT]):
                     self._batch_error = None
                     self.work()
                 except (PySparkException, Py4JError) as exc:
-                    error: Exception = self._batch_error or translate(exc, self._step)
+                    error: Exception = self._batch_error or translate(exc, self._step, self.target.uri)
                     self._batch_error = None
                     raise error from exc
                 self.check_target()
@@ -297,7 +322,9 @@ class TurnJob(Generic[StatsT]):
         or storage failing) fails the turn, not the job: the next turn retries (``available_now``: at most
         ``max_attempts`` turns, then it is raised). Storage failing ``max_attempts`` turns in a row is raised in a
         continuous run too: a refusal that lasts (a revoked credential) must stop the job, not warn forever.
-        Other errors are raised.
+        Other errors are raised. A run that ends (``stop``, ``max_turns``, a skipped ``available_now`` retry) while
+        the last turn that ran had failed reports ``failed`` with its error, whatever turns the coordinator gave
+        none since: what that turn was to do is not done (the next run replays it).
         """
         stop = stop or threading.Event()
         self._prepare_once()
@@ -306,12 +333,16 @@ class TurnJob(Generic[StatsT]):
         before = self.table_stats()
         attempts = storage_failures = 0
         status, reason = "ok", ""
+        # The error of the last turn that ran, if it failed (a turn the coordinator gave none does not make up for it).
+        last_failure: Exception | None = None
         while not stop.is_set():
             attempts += 1
             conflict = False
             try:
                 ran = self.run_turn()
                 storage_failures = 0
+                if ran:
+                    last_failure = None
             except self.retryable as exc:
                 logger.warning("%s: %s; retrying at the next turn", self.name, exc)
                 # Conflicts and schema changes are RetryableErrors too, and normal with other writers: not counted.
@@ -321,7 +352,7 @@ class TurnJob(Generic[StatsT]):
                 storage_failures = storage_failures + 1 if lasting else 0
                 if (available_now and attempts >= max_attempts) or storage_failures >= max_attempts:
                     raise
-                ran, conflict = False, True
+                ran, conflict, last_failure = False, True, exc
             if available_now and ran:
                 break
             if available_now and not conflict:
@@ -330,6 +361,9 @@ class TurnJob(Generic[StatsT]):
             if max_turns is not None and attempts >= max_turns:
                 break
             stop.wait(min(interval, 1.0) if available_now else interval)
+        if last_failure is not None:
+            status, reason = "failed", f"the last turn failed: {last_failure}"
+            logger.error("%s: stopping after a failed turn: %s", self.name, last_failure)
         after = self.table_stats()
         details: dict[str, Any] = {
             "turns": self.stats.turns,
@@ -386,6 +420,8 @@ class StreamingJob(TurnJob[JobStats]):
         )
         self.job = job
         self._clock = clock
+        self._retention_type: RetentionType = "timestamp"
+        """The type of ``jobs.retention_column`` (read by :meth:`check_table`, before the first turn)."""
         jobs = config.jobs
         self.topic = jobs.mutation_topic if job == "mutate" else jobs.ttl_topic
         if job == "mutate" and not self.topic:
@@ -473,6 +509,8 @@ class StreamingJob(TurnJob[JobStats]):
             if not isinstance(kind, PrimitiveType) or (types and simple not in types):
                 expected = " or ".join(types) if types else "a scalar type"
                 raise ConfigError(key, f"column {column!r} of {self.target.uri} is {simple}, expected {expected}")
+            if key == "jobs.retention_column":
+                self._retention_type = cast(RetentionType, simple)
 
     def batch_of(self, txn_version: int) -> int:
         return txn_version // GROUP_STRIDE if self.job == "mutate" else txn_version
@@ -495,36 +533,16 @@ class StreamingJob(TurnJob[JobStats]):
 
     def _retention(self) -> None:
         jobs = self.config.jobs
+        column, column_type = jobs.retention_column, self._retention_type
         cutoff = self._clock() - dt.timedelta(days=jobs.retention_days)
-        iso = cutoff.strftime("%Y-%m-%d %H:%M:%S.%f")
-        if not self._may_hold_rows_before(jobs.retention_column, cutoff):
-            logger.debug("retention: no file holds %s < %s UTC (log statistics)", jobs.retention_column, iso)
+        predicate = retention_predicate(column, column_type, cutoff)
+        lows = add_actions(self.target.uri, self.target.storage_options)
+        if not may_hold_rows_before(lows, column, retention_bound(column_type, cutoff)):
+            logger.debug("retention: no file holds %s (log statistics)", predicate)
             return
-        deleted = retention_delete(self.session, self.target.path, jobs.retention_column, iso)
+        deleted = retention_delete(self.session, self.target.path, predicate)
         self.stats.retention_deleted += deleted
-        logger.info("retention: %d rows with %s < %s UTC deleted", deleted, jobs.retention_column, iso)
-
-    def _may_hold_rows_before(self, column: str, cutoff: dt.datetime) -> bool:
-        """False when the log's min statistics prove no row is older than ``cutoff`` (no DELETE to run)."""
-        actions = add_actions(self.target.uri, self.target.storage_options)
-        if actions.num_rows == 0:
-            return False
-        name = f"min.{column}"
-        if name not in actions.column_names:
-            return True
-        for low in actions.column(name).to_pylist():
-            if low is None:
-                return True
-            if isinstance(low, dt.datetime):
-                low = low if low.tzinfo else low.replace(tzinfo=dt.UTC)
-                if low < cutoff:
-                    return True
-            elif isinstance(low, dt.date):
-                if low < cutoff.date():
-                    return True
-            else:
-                return True
-        return False
+        logger.info("retention: %d rows with %s deleted", deleted, predicate)
 
     def work(self) -> None:
         if self.topic and self.pending_work():

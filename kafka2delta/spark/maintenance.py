@@ -15,10 +15,12 @@ stay until vacuum).
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from kafka2delta.config import without_credentials
 from kafka2delta.errors import ConfigError, FatalError
 from kafka2delta.spark.errors import translate
 from kafka2delta.spark.report import Report
@@ -28,6 +30,7 @@ from kafka2delta.spark.tables import (
     check_writable,
     data_files,
     logged_adds,
+    open_table,
     referenced_paths,
     spark_only_table,
     table_stats,
@@ -85,6 +88,64 @@ def check_retention(retain_hours: float) -> None:
         )
 
 
+RETENTION_PROPERTY = "delta.deletedFileRetentionDuration"
+"""How long a table keeps the files its commits removed (Delta's default: ``interval 1 week``)."""
+RETENTION_CHECK_CONF = "spark.databricks.delta.retentionDurationCheck.enabled"
+"""Delta's refusal of a VACUUM retention shorter than the table's :data:`RETENTION_PROPERTY`."""
+
+# Delta reads the property as Spark's interval string (DeltaConfigs.parseCalendarInterval: an optional
+# "interval", then "<number> <unit>" pairs; units singular or plural, any case; a fraction for seconds only).
+# Months and years are not accepted by Delta (their length varies), so they are not here either.
+_INTERVAL_UNITS_S = {
+    "week": 7 * 86400.0,
+    "day": 86400.0,
+    "hour": 3600.0,
+    "minute": 60.0,
+    "second": 1.0,
+    "millisecond": 1e-3,
+    "microsecond": 1e-6,
+}
+_INTERVAL_PART = r"([+-]?)\s*(\d+(?:\.\d*)?|\.\d+)\s+(" + "|".join(_INTERVAL_UNITS_S) + r")s?"
+_INTERVAL = re.compile(rf"(?:interval\s+)?{_INTERVAL_PART}(?:\s+{_INTERVAL_PART})*", re.IGNORECASE)
+
+
+def interval_hours(text: str) -> float | None:
+    """The hours of a Delta interval property (``interval 30 days``, ``2 weeks``, ``1 day 12 hours``); None if
+    it is not one this parser reads, or negative (the caller then leaves the decision to Delta)."""
+    if _INTERVAL.fullmatch(text.strip()) is None:
+        return None
+    seconds = 0.0
+    for sign, number, unit in re.findall(_INTERVAL_PART, text, re.IGNORECASE):
+        if "." in number and unit.lower() != "second":
+            return None  # Spark allows a fraction for seconds only
+        seconds += (-1 if sign == "-" else 1) * float(number) * _INTERVAL_UNITS_S[unit.lower()]
+    return seconds / 3600 if seconds >= 0 else None
+
+
+def retention_check_off(uri: str, retain_hours: float, configuration: Mapping[str, str | None]) -> bool:
+    """Whether VACUUM must run with Delta's retention check off (:data:`RETENTION_CHECK_CONF`): only when the
+    table keeps Delta's default week and ``retain_hours`` is shorter. A table that sets its own
+    :data:`RETENTION_PROPERTY` keeps it: a shorter ``retain_hours`` is a ConfigError naming the table and the
+    property (its owners chose how long readers and time travel may need removed files); a value this module cannot
+    read leaves the check on, for Delta to apply."""
+    value = configuration.get(RETENTION_PROPERTY)
+    if value is None:
+        return retain_hours < DELTA_DEFAULT_RETAIN_HOURS
+    table_hours = interval_hours(value)
+    if table_hours is None:
+        logger.warning("%s: %s = %r not understood; Delta's retention check stays on", uri, RETENTION_PROPERTY, value)
+        return False
+    if retain_hours < table_hours:
+        raise ConfigError(
+            "--retain-hours",
+            f"{without_credentials(uri)} keeps removed files for {value!r} ({table_hours:g} hours, its table "
+            f"property {RETENTION_PROPERTY}): --retain-hours {retain_hours:g} would delete files its readers and time "
+            f"travel may still need. Give --retain-hours {table_hours:g} or more, or lower the table's property "
+            "(ALTER TABLE … SET TBLPROPERTIES) if it may keep them for less",
+        )
+    return False
+
+
 def optimize(
     session: SparkSession,
     uri: str,
@@ -133,12 +194,16 @@ def optimize(
                 result = builder.executeZOrderBy(*zorder_by) if zorder_by else builder.executeCompaction()
                 rows = result.collect()
     except (PySparkException, Py4JError) as exc:
-        raise translate(exc, "reorg (purge)" if purge_deletion_vectors else "optimize") from exc
+        raise translate(exc, "reorg (purge)" if purge_deletion_vectors else "optimize", uri) from exc
     metrics = rows[0]["metrics"].asDict(recursive=True) if rows and rows[0]["metrics"] is not None else {}
     check_writable(uri, storage_options, spark_only_ok=True)
     after = table_stats(uri, storage_options)
     operation = "REORG" if purge_deletion_vectors else "OPTIMIZE"
-    read_version, commit_version = _optimize_commit(session, uri, before.version, after.version, operation)
+    try:
+        read_version, commit_version = _optimize_commit(session, uri, before.version, after.version, operation)
+    except (PySparkException, Py4JError) as exc:
+        # Its commit has landed (or there was none): only the report's versions could not be read.
+        raise translate(exc, f"reading the history after {operation}", uri) from exc
     details: dict[str, object] = {
         "files_removed": metrics.get("numFilesRemoved", 0),
         "files_added": metrics.get("numFilesAdded", 0),
@@ -206,20 +271,22 @@ def vacuum(
 ) -> Report:
     """Delete the files that no table version younger than ``retain_hours`` references and that are older than
     that: files removed by earlier commits, and a crashed daemon's never-committed Parquet files (orphans).
-    Never a file of the current version: the candidates are checked against the log before anything is deleted."""
+    Never a file of the current version: the candidates are checked against the log before anything is deleted.
+    A ``retain_hours`` shorter than the table's own ``delta.deletedFileRetentionDuration`` is a ConfigError
+    (:func:`retention_check_off`)."""
     from py4j.protocol import Py4JError
     from pyspark.errors import PySparkException
 
     started = time.monotonic()
     check_retention(retain_hours)
     check_writable(uri, storage_options, spark_only_ok=True)
+    configuration = open_table(uri, storage_options).metadata().configuration
+    # Set either way: a [spark.conf] that turned the check off for every table must not override a table's own.
+    conf = {RETENTION_CHECK_CONF: "false" if retention_check_off(uri, retain_hours, configuration) else "true"}
     stats = table_stats(uri, storage_options)
     on_storage = {f.path: f for f in data_files(uri, storage_options)}
     root = spark_path(uri).rstrip("/")
     statement = f"VACUUM delta.`{root.replace('`', '``')}` RETAIN {retain_hours:g} HOURS"
-    conf = {}
-    if retain_hours < DELTA_DEFAULT_RETAIN_HOURS:
-        conf["spark.databricks.delta.retentionDurationCheck.enabled"] = "false"
     try:
         with _SessionConf(session, conf):
             candidates = [_relative(str(row[0]), root) for row in session.sql(f"{statement} DRY RUN").collect()]
@@ -230,7 +297,7 @@ def vacuum(
             if not dry_run:
                 session.sql(statement).collect()
     except (PySparkException, Py4JError) as exc:
-        raise translate(exc, "vacuum") from exc
+        raise translate(exc, "vacuum", uri) from exc
     ever_added = logged_adds(uri, storage_options)
     orphans = [p for p in candidates if DAEMON_FILE.match(p.rsplit("/", 1)[-1]) and p not in ever_added]
     after = {f.path: f for f in data_files(uri, storage_options)}

@@ -25,6 +25,7 @@ skipping the batch as a replay.
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import json
 import logging
 from collections.abc import Mapping, Sequence
@@ -332,15 +333,25 @@ def _merge(session: SparkSession, path: str, group: list[Request], types: Mappin
     return int(row.get("num_updated_rows") or 0), int(row.get("num_deleted_rows") or 0)
 
 
-def _check_not_past(target: Target, txn_app_id: str, applied: int, batch_id: int, first: int, last: int) -> None:
-    """Raise if the table applied a txn version past this batch's range: a later batch of another checkpoint."""
+def check_not_past(
+    target: Target,
+    txn_app_id: str,
+    applied: int,
+    batch_id: int,
+    versions: tuple[int, int] | None = None,
+    *,
+    start_over: str = "run with a new --job-name to start over",
+) -> None:
+    """Raise :class:`CheckpointMismatch` if the table applied a txn version past this batch's ``versions`` (first,
+    last; default: the batch id alone): a later batch of another checkpoint. ``start_over`` ends the advice."""
+    first, last = versions or (batch_id, batch_id)
     if applied > last:
-        versions = f"{first}" if first == last else f"{first}..{last}"
+        span = f"{first}" if first == last else f"{first}..{last}"
         raise CheckpointMismatch(
-            f"batch {batch_id} would commit txn versions {versions} of {txn_app_id}, but {target.uri} already has "
+            f"batch {batch_id} would commit txn version(s) {span} of {txn_app_id}, but {target.uri} already has "
             f"version {applied}: the checkpoint is behind the table (restored, replaced, or shared with another "
             "job of the same name); its batches would be skipped as replays. Run with the checkpoint that wrote "
-            f"version {applied} (jobs.checkpoint_dir, --job-name), or with a new --job-name to start over"
+            f"version {applied} (jobs.checkpoint_dir, --job-name), or {start_over}"
         )
 
 
@@ -362,7 +373,7 @@ def apply_mutations(
     result = BatchResult()
     first, last = batch_id * GROUP_STRIDE, batch_id * GROUP_STRIDE + GROUP_STRIDE - 1
     applied = target.applied_version(txn_app_id)
-    _check_not_past(target, txn_app_id, applied, batch_id, first, last)
+    check_not_past(target, txn_app_id, applied, batch_id, (first, last))
     schema = DeltaTable.forPath(session, path).toDF().schema
     types, not_null = simple_schema(schema), not_null_columns(schema)
     parsed = []
@@ -391,7 +402,7 @@ def apply_mutations(
                 f"jobs mutate batch {batch_id} group {index} (txnVersion {version} of {txn_app_id}; "
                 f"{len(group)} request(s) {group[0].where}..{group[-1].where})"
             )
-            raise translate(exc, step) from exc
+            raise translate(exc, step, target.uri) from exc
         result.commits += 1
         result.rows_updated += updated
         result.rows_deleted += deleted
@@ -428,7 +439,7 @@ def apply_gdpr_deletes(
     path = target.path
     result = BatchResult()
     applied = target.applied_version(txn_app_id)
-    _check_not_past(target, txn_app_id, applied, batch_id, batch_id, batch_id)
+    check_not_past(target, txn_app_id, applied, batch_id)
     requested: list[tuple[str, str]] = []
     for partition, offset, value in sorted(messages, key=lambda m: (m[0], m[1])):
         where = f"{topic}[{partition}]@{offset}"
@@ -469,7 +480,7 @@ def apply_gdpr_deletes(
             f"jobs ttl batch {batch_id} (txnVersion {batch_id} of {txn_app_id}; "
             f"{len(requested)} request(s) {requested[0][0]}..{requested[-1][0]})"
         )
-        raise translate(exc, step) from exc
+        raise translate(exc, step, target.uri) from exc
     result.commits += 1
     result.rows_deleted += int(metrics[0].asDict().get("num_deleted_rows") or 0) if metrics else 0
     logger.info(
@@ -485,9 +496,32 @@ def apply_gdpr_deletes(
     return result
 
 
-def retention_delete(session: SparkSession, path: str, column: str, cutoff_iso: str) -> int:
-    """Delete rows whose ``column`` is older than ``cutoff_iso`` (UTC); rows deleted. Idempotent by nature."""
-    statement = f"DELETE FROM delta.`{path.replace('`', '``')}` WHERE {_q(column)} < CAST('{cutoff_iso}' AS TIMESTAMP)"
+RetentionType = Literal["timestamp", "timestamp_ntz", "date"]
+"""The types a ``jobs.retention_column`` may have."""
+
+
+def retention_bound(column_type: RetentionType, cutoff: dt.datetime) -> dt.datetime | dt.date:
+    """The first value the retention delete keeps: rows whose column is below it are deleted. ``cutoff`` (UTC,
+    aware) for a timestamp column; for a date column the cutoff's day (UTC), which is kept: a row dated ``D`` is
+    deleted only once the whole of ``D`` is older than the retention (a date cannot tell which part of the cutoff's
+    day it stands for). :func:`retention_predicate` and the jobs' pre-check on the log's statistics both use it."""
+    cutoff = cutoff.astimezone(dt.UTC)
+    return cutoff.date() if column_type == "date" else cutoff
+
+
+def retention_predicate(column: str, column_type: RetentionType, cutoff: dt.datetime) -> str:
+    """The SQL condition of the rows the retention delete removes (the session's time zone is UTC)."""
+    bound = retention_bound(column_type, cutoff)
+    if isinstance(bound, dt.datetime):
+        literal = f"CAST('{bound.strftime('%Y-%m-%d %H:%M:%S.%f')}' AS {column_type.upper()})"
+    else:
+        literal = f"DATE '{bound.isoformat()}'"
+    return f"{_q(column)} < {literal}"
+
+
+def retention_delete(session: SparkSession, path: str, predicate: str) -> int:
+    """Delete the rows matching ``predicate`` (:func:`retention_predicate`); rows deleted. Idempotent by nature."""
+    statement = f"DELETE FROM delta.`{path.replace('`', '``')}` WHERE {predicate}"
     rows = session.sql(statement).collect()
     if not rows:
         return 0

@@ -1,6 +1,7 @@
 """What the jobs read about a table through deltalake (no Spark): sizes for the reports, the protocol check that
 keeps the table writable by the daemon (and the Spark-only tables away from the daemon-safe jobs), file-level
-statistics, the txn app ids of its writers, and the data files on storage for vacuum."""
+statistics, the txn app ids of its writers, and the data files on storage for vacuum; and which tables the
+config's daemon writes."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import unquote
 
 import pyarrow as pa
@@ -20,9 +21,10 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
+from kafka2delta.config import Config
 from kafka2delta.errors import ConfigError, RetryableError
 from kafka2delta.spark.errors import TableNotWritable
-from kafka2delta.writer import SPARK_ONLY_PROPERTY, is_spark_only
+from kafka2delta.writer import SPARK_ONLY_PROPERTY, is_spark_only, table_filesystem
 
 # Writer features deltalake 1.6.x cannot write (docs/MAINTENANCE.md): a table with any of them stops the daemon.
 # deletionVectors is here too: deltalake 1.6.6's Arrow reader refuses such tables, and the daemon reads the
@@ -158,7 +160,7 @@ def check_writable(uri: str, storage_options: Mapping[str, str] = {}, *, spark_o
 
 def _log_files(uri: str, storage_options: Mapping[str, str]) -> tuple[pa_fs.FileSystem, list[pa_fs.FileInfo]]:
     """The table's filesystem and what its ``_delta_log`` directory holds (nothing when it has none)."""
-    fs, root = filesystem(uri, storage_options)
+    fs, root = table_filesystem(uri, storage_options)
     log = f"{root.rstrip('/')}/_delta_log"
     try:
         return fs, fs.get_file_info(pa_fs.FileSelector(log, allow_not_found=True))
@@ -240,16 +242,6 @@ def referenced_paths(uri: str, storage_options: Mapping[str, str] = {}) -> set[s
     return {storage_path(str(path)) for path in paths}
 
 
-def filesystem(uri: str, storage_options: Mapping[str, str] = {}) -> tuple[pa_fs.FileSystem, str]:
-    """The Arrow filesystem and root path of a table (local paths and the object stores Arrow knows)."""
-    try:
-        if "://" not in uri or uri.startswith("file://"):
-            return pa_fs.LocalFileSystem(), uri.removeprefix("file://")
-        return pa_fs.FileSystem.from_uri(uri)  # type: ignore[no-any-return]
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise ConfigError("table.uri", f"cannot open {uri}: {exc}") from exc
-
-
 @dataclass(frozen=True)
 class DataFile:
     path: str
@@ -260,7 +252,7 @@ class DataFile:
 
 def data_files(uri: str, storage_options: Mapping[str, str] = {}) -> list[DataFile]:
     """Every Parquet file under the table root, outside ``_delta_log`` and hidden (``_``, ``.``) directories."""
-    fs, root = filesystem(uri, storage_options)
+    fs, root = table_filesystem(uri, storage_options)
     root = root.rstrip("/")
     try:
         infos = fs.get_file_info(pa_fs.FileSelector(root, recursive=True, allow_not_found=True))
@@ -313,7 +305,7 @@ def expand(pattern: str, storage_options: Mapping[str, str] = {}) -> list[str]:
         path = os.path.abspath(path)
     segments = path.split("/")
     first_glob = next(i for i, segment in enumerate(segments) if _GLOB.search(segment))
-    fs, base = filesystem(prefix + "/".join(segments[:first_glob]), storage_options)
+    fs, base = table_filesystem(prefix + "/".join(segments[:first_glob]), storage_options)
     candidates = [base.rstrip("/")]
     for segment in segments[first_glob:]:
         if not _GLOB.search(segment):
@@ -331,5 +323,33 @@ def expand(pattern: str, storage_options: Mapping[str, str] = {}) -> list[str]:
                 if info.type == pa_fs.FileType.Directory and fnmatch.fnmatchcase(info.base_name, segment)
             ]
         candidates = matched
-    logs = fs.get_file_info([f"{c}/_delta_log" for c in candidates]) if candidates else []
+    try:
+        logs = fs.get_file_info([f"{c}/_delta_log" for c in candidates]) if candidates else []
+    except OSError as exc:
+        raise RetryableError(f"looking for Delta tables matching {pattern}: {exc}") from exc
     return sorted(prefix + c for c, log in zip(candidates, logs, strict=True) if log.type == pa_fs.FileType.Directory)
+
+
+class DaemonTable(NamedTuple):
+    """A table the config's daemon writes."""
+
+    key: str
+    """The config key naming it (``table.uri``, ``routes[1].dead_letter_table_uri`` …)."""
+    uri: str
+    """Its URI, or a ``{topic}`` template."""
+    dead_letters: bool
+    """A dead-letter table."""
+
+
+def daemon_tables(config: Config) -> list[DaemonTable]:
+    """Every table the config's daemon writes: ``table.uri``, the routes' URIs and every dead-letter table."""
+    tables = [
+        DaemonTable("table.uri", config.table.uri, False),
+        DaemonTable("dead_letters.table_uri", config.dead_letter_table_uri, True),
+    ]
+    for i, route in enumerate(config.routes):
+        tables += [
+            DaemonTable(f"routes[{i}].uri", route.uri, False),
+            DaemonTable(f"routes[{i}].dead_letter_table_uri", route.dead_letter_table_uri, True),
+        ]
+    return [table for table in tables if table.uri]

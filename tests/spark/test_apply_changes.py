@@ -165,7 +165,8 @@ def test_the_position_guard_the_clauses_and_a_schema_change_under_the_query() ->
     ]
     # Delta's streaming source asks for a restart when the changelog's schema changes under a running query:
     # that fails the turn (retried), not the job.
-    error = translate(Exception("[DELTA_SCHEMA_CHANGED_WITH_VERSION] Detected schema change in version 7"), "jobs x")
+    changed = Exception("[DELTA_SCHEMA_CHANGED_WITH_VERSION] Detected schema change in version 7")
+    error = translate(changed, "jobs x", "/lake/changelog")
     assert isinstance(error, SourceSchemaChanged) and isinstance(error, ApplyChangesJob.retryable)
 
 

@@ -145,9 +145,10 @@ def test_a_session_that_fetches_packages_starts_alone(tmp_path: Path) -> None:
 
 
 def test_spark_errors_are_translated() -> None:
-    conflict = translate(RuntimeError("io.delta.exceptions.ConcurrentAppendException: Files were added\n\tat x"), "s")
+    appended = RuntimeError("io.delta.exceptions.ConcurrentAppendException: Files were added\n\tat x")
+    conflict = translate(appended, "s", "/lake/t")
     assert isinstance(conflict, ConflictingCommit) and "ConcurrentAppendException" in str(conflict)
-    assert isinstance(translate(RuntimeError("boom"), "s"), SparkJobError)
+    assert isinstance(translate(RuntimeError("boom"), "s", "/lake/t"), SparkJobError)
 
 
 BASE = {"K2D_KAFKA__BOOTSTRAP_SERVERS": "x:1", "K2D_KAFKA__TOPIC": "t", "K2D_TABLE__URI": "/tmp/t"}

@@ -11,7 +11,7 @@ from deltalake.fs import DeltaStorageHandler
 from kafka2delta.config import MASK, load_config
 from kafka2delta.config.sections import is_secret_key
 from kafka2delta.errors import ConfigError
-from kafka2delta.writer import _filesystem
+from kafka2delta.writer import table_filesystem
 
 S3 = """
 [kafka]
@@ -141,7 +141,7 @@ def test_azure_and_gcs_parquet_files_go_through_delta_rs_object_store(uri: str, 
     """The Parquet writer's filesystem is delta-rs's own object_store client, built from the same options."""
     azure = uri.startswith(("az://", "abfss://"))
     options = {"azure_storage_account_name": "acct", "azure_storage_account_key": "a2V5"} if azure else {}
-    filesystem, path = _filesystem(uri, options)
+    filesystem, path = table_filesystem(uri, options)
     assert isinstance(filesystem, pa_fs.PyFileSystem)
     assert isinstance(filesystem.handler, DeltaStorageHandler)
     assert path == root
@@ -149,7 +149,7 @@ def test_azure_and_gcs_parquet_files_go_through_delta_rs_object_store(uri: str, 
 
 def test_an_unsupported_scheme_is_refused_naming_the_supported_ones() -> None:
     with pytest.raises(ConfigError) as caught:
-        _filesystem("hdfs://namenode/events", {})
+        table_filesystem("hdfs://namenode/events", {})
     assert caught.value.key == "table.uri"
     assert "az://" in str(caught.value) and "gs://" in str(caught.value)
 

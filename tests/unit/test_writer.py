@@ -148,7 +148,7 @@ def test_rows_parquet_refuses_are_named_and_nothing_is_written(tmp_path: Path, m
 
 
 def test_s3_filesystem_takes_temporary_credentials_and_the_region_from_storage_options() -> None:
-    from kafka2delta.writer import _filesystem
+    from kafka2delta.writer import table_filesystem
 
     options = {
         "aws_access_key_id": "AKIA",
@@ -157,7 +157,7 @@ def test_s3_filesystem_takes_temporary_credentials_and_the_region_from_storage_o
         "AWS_DEFAULT_REGION": "eu-west-1",
         "AWS_ENDPOINT_URL": "http://127.0.0.1:9",
     }
-    filesystem, path = _filesystem("s3://lake/events", options)
+    filesystem, path = table_filesystem("s3://lake/events", options)
     assert path == "lake/events"
     settings = filesystem.__reduce__()[1][0]  # what the filesystem was built with
     assert (settings["session_token"], settings["region"]) == ("token", "eu-west-1")
@@ -174,9 +174,9 @@ def test_s3_filesystem_takes_temporary_credentials_and_the_region_from_storage_o
     ],
 )
 def test_s3_filesystem_takes_every_name_deltalake_takes(options: dict[str, str]) -> None:
-    from kafka2delta.writer import _filesystem
+    from kafka2delta.writer import table_filesystem
 
-    filesystem, _ = _filesystem("s3://lake/events", {**options, "secret_access_key": "secret"})
+    filesystem, _ = table_filesystem("s3://lake/events", {**options, "secret_access_key": "secret"})
     settings = filesystem.__reduce__()[1][0]
     assert (settings["endpoint_override"], settings["region"], settings["access_key"]) == (
         "127.0.0.1:9",
