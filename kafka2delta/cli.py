@@ -221,6 +221,7 @@ def _ingest(config: Config, until_caught_up: bool, redact: Callable[[str], str] 
     signal.signal(signal.SIGINT, stop)
     early = startup.received()
     if early is not None:  # came during start-up, and its exception was swallowed on the way (startup.received)
+        logger.warning("received %s during start-up: stopping now that the loop is ready", early)
         ingestor.request_stop(early)
     # /metrics, /healthz, /readyz and the status page; the server threads only read the loop's snapshots.
     server = (
