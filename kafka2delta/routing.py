@@ -17,28 +17,24 @@ that check comes when the topic's tables are opened.
 
 from __future__ import annotations
 
-import os
 import re
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from kafka2delta.changes import CHANGELOG_METADATA, ChangeOptions
-from kafka2delta.config import METADATA_COLUMNS, TOPIC_PLACEHOLDER, Config, RouteConfig, without_credentials
+from kafka2delta.config import (
+    METADATA_COLUMNS,
+    TOPIC_PLACEHOLDER,
+    Config,
+    RouteConfig,
+    table_key,
+    without_credentials,
+)
 from kafka2delta.errors import ConfigError
 from kafka2delta.offsets import TxnIds
 from kafka2delta.records import TopicPartition
 from kafka2delta.schema import is_required
-
-
-def table_key(uri: str) -> str:
-    """``uri`` as tables are compared: two spellings of one table (a trailing ``/``, a relative or ``file://``
-    local path) give one key."""
-    if uri.startswith("file://"):
-        uri = uri[len("file://") :]
-    if "://" not in uri:
-        return os.path.abspath(uri)
-    return uri.rstrip("/")
 
 
 @dataclass(frozen=True, kw_only=True)

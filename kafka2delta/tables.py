@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from kafka2delta.committer import Committer
-from kafka2delta.config import IngestConfig
+from kafka2delta.config import IngestConfig, table_key
 from kafka2delta.coordinator import Coordinator
 from kafka2delta.edges import DeadLetterProducer, DeadLetterStore, TableWriter
 from kafka2delta.encoded_rows import RowGroups
@@ -18,7 +18,7 @@ from kafka2delta.metrics import Metrics
 from kafka2delta.pacing import CommitPacer
 from kafka2delta.pipeline import Pipeline
 from kafka2delta.retries import Retrier
-from kafka2delta.routing import Routes, TableSpec, table_key
+from kafka2delta.routing import Routes, TableSpec
 from kafka2delta.status import StatusBoard
 
 

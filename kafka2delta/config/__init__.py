@@ -39,6 +39,7 @@ from kafka2delta.config.sections import (
     SparkConfig,
     TableConfig,
     is_secret_key,
+    table_key,
     without_credentials,
 )
 
@@ -66,5 +67,6 @@ __all__ = [
     "TableConfig",
     "is_secret_key",
     "load_config",
+    "table_key",
     "without_credentials",
 ]

@@ -5,6 +5,7 @@ unit and default, and :class:`Config`, the whole of it. Secrets are masked whene
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -47,6 +48,16 @@ def s3_option_name(key: str) -> str:
 
 # Object-store URIs whose user part names a container, not a user (``abfss://container@account…``).
 _CONTAINER_USER_SCHEMES = frozenset({"abfs", "abfss", "az", "azure", "adl", "wasb", "wasbs"})
+
+
+def table_key(uri: str) -> str:
+    """``uri`` as tables are compared: two spellings of one table (a trailing ``/``, a relative or ``file://``
+    local path) give one key."""
+    if uri.startswith("file://"):
+        uri = uri[len("file://") :]
+    if "://" not in uri:
+        return os.path.abspath(uri)
+    return uri.rstrip("/")
 
 
 def without_credentials(text: str) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Mapping
 
@@ -12,6 +11,7 @@ from kafka2delta.config.sections import (
     Config,
     RouteConfig,
     s3_option_name,
+    table_key,
     without_credentials,
 )
 from kafka2delta.errors import ConfigError
@@ -405,9 +405,8 @@ def _writes_several_tables(config: Config) -> bool:
             if not topic:
                 return True
             uri = uri.replace(TOPIC_PLACEHOLDER, topic)
-        uri = uri.removeprefix("file://")
-        if uri:  # spelled as routing compares tables: no trailing "/", local paths absolute
-            uris.add(uri.rstrip("/") if "://" in uri else os.path.abspath(uri))
+        if uri:
+            uris.add(table_key(uri))  # as routing compares tables
     return len(uris) > 1
 
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from kafka2delta.config import Config, load_config
+from kafka2delta.config import Config, load_config, table_key
 from kafka2delta.errors import ConfigError
 from kafka2delta.records import TopicPartition
-from kafka2delta.routing import Routes, table_key
+from kafka2delta.routing import Routes
 
 
 def config(**env: str) -> Config:
