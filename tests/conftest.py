@@ -10,6 +10,7 @@ daemon subprocesses."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
@@ -23,12 +24,16 @@ from typing import Any
 import pytest
 from xdist.scheduler import LoadScopeScheduling
 
+from dev import tools as debian_tools
+from dev.connect import connect as connect_worker
 from dev.connect.connect import ConnectClient, LocalConnect
-from dev.k8s_tools import ToolError
+from dev.k8s_tools import ensure_crds, ensure_helm
 from dev.kafka.broker import LocalBroker, create_topic
 from dev.object_stores.tools import ensure_azurite, ensure_fake_gcs
 from dev.postgres.postgres import Database, LocalPostgres
+from dev.registry import registry as apicurio
 from dev.registry.registry import LocalRegistry
+from dev.zookeeper import zookeeper
 from tests.support.harness import METADATA_COLUMNS, SCHEMA, Daemon, Setup, Topic, toml_section
 
 
@@ -171,17 +176,27 @@ def daemon_factory(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
 # Under `make test` (pytest-xdist, `-n 2`) each worker is a pytest session with its own broker, so the tests are
 # handed out in units that share what is slow to start: every Spark test to the worker that started Spark, every
 # test on PostgreSQL + Kafka Connect to the worker that started those, the rest a module at a time (module fixtures
-# start once). The two big units go first, one to each worker; the unit tests, many and short, come last (they
-# are collected last) and even out the finish. (xdist's own `--dist loadgroup` marks do not group under pytest 9.2.)
+# start once). The two big units go first, one to each worker; then the modules whose tools a new machine builds
+# (Helm, the object-store emulators: see pytest_collection_finish) after the others, so the builds overlap them; the
+# unit tests, many and short, come last and even out the finish. (xdist's own `--dist loadgroup` marks do not group
+# under pytest 9.2.)
 SPARK_UNIT, CDC_UNIT = "spark", "postgres-and-connect"
 CDC_MODULES = frozenset(
     {"tests/chaos/test_apply_changes.py", "tests/chaos/test_replication.py", "tests/integration/test_cdc_pipeline.py"}
 )
 CDC_FIXTURES = frozenset({"postgres", "kafka_connect"})
+HELM_MODULE = "tests/integration/test_helm.py"
+DEBIAN_TOOL_MODULES = frozenset(
+    {HELM_MODULE, "tests/integration/test_observability.py", "tests/integration/test_prometheus.py"}
+)
 
 
 def module_of(nodeid: str) -> str:
     return nodeid.split("::", 1)[0]
+
+
+def needs_object_stores(nodeid: str) -> bool:
+    return "object_store" in module_of(nodeid)
 
 
 def work_unit(nodeid: str) -> str:
@@ -213,21 +228,45 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if CDC_FIXTURES & set(getattr(item, "fixturenames", ())) and module not in CDC_MODULES:
             raise pytest.UsageError(f"{module} starts PostgreSQL/Kafka Connect: add it to CDC_MODULES in {__file__}")
     first = {SPARK_UNIT: 0, CDC_UNIT: 1}
-    items.sort(key=lambda item: first.get(work_unit(item.nodeid), 2))
+
+    def turn(item: pytest.Item) -> int:
+        if item.nodeid.startswith("tests/unit/"):
+            return 4
+        if module_of(item.nodeid) == HELM_MODULE or needs_object_stores(item.nodeid):
+            return 3
+        return first.get(work_unit(item.nodeid), 2)
+
+    items.sort(key=turn)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """On a new machine the object-store emulators are installed first (fake-gcs-server's `go install` takes
-    minutes): start that in the background as soon as the tests that need them are known, so it overlaps the
-    tests that run before them. Their fixtures install through the same file lock, so they wait for it (and
-    report its error, if any, as a failure)."""
-    if any("object_store" in item.nodeid for item in session.items):
-        threading.Thread(target=_install_object_store_tools, name="object-store-tools", daemon=True).start()
+    """On a new machine every server and tool the tests run is fetched or built first: Maven jars, Debian's
+    Chromium and Prometheus, the object-store emulators, Helm (each `go install` takes minutes). Start that in
+    the background as soon as the tests are known, one after the other in the order the tests need them, so the
+    downloads and builds overlap the tests that run meanwhile (the Go-built tools' tests are handed out last).
+    The fixtures fetch through the same file locks, so they wait for a fetch under way (and report its error, if
+    any, as a failure). On a machine that has them all, each step returns at once."""
+    fixtures = {name for item in session.items for name in getattr(item, "fixturenames", ())}
+    modules = {module_of(item.nodeid) for item in session.items}
+    steps: list[Callable[[], object]] = []
+    if CDC_FIXTURES & fixtures:
+        steps.append(connect_worker.ensure_jars)
+    if "schema_registry_url" in fixtures:
+        steps.append(apicurio.ensure_app)
+    if "zookeeper_hosts" in fixtures:
+        steps.append(zookeeper.ensure_jars)
+    if DEBIAN_TOOL_MODULES & modules:
+        steps.append(lambda: debian_tools.ensure(["chromium", "prometheus"]))
+    if any(needs_object_stores(module) for module in modules):
+        steps += [ensure_azurite, ensure_fake_gcs]
+    if HELM_MODULE in modules:
+        steps += [ensure_helm, ensure_crds]
+    if steps:
+        threading.Thread(target=_fetch_in_turn, args=(steps,), name="test-tools", daemon=True).start()
 
 
-def _install_object_store_tools() -> None:
-    try:
-        ensure_azurite()
-        ensure_fake_gcs()
-    except ToolError:
-        pass  # the fixture that needs the tool runs the install again and fails with this error, on its test
+def _fetch_in_turn(steps: list[Callable[[], object]]) -> None:
+    for step in steps:
+        # A failed step is not lost: the fixture that needs it runs it again and fails with its error, on its test.
+        with contextlib.suppress(RuntimeError, OSError):
+            step()
