@@ -128,6 +128,10 @@ def maven_repository() -> Path:
     return cache_dir("K2D_MAVEN_REPO", "maven-repository")
 
 
+MAVEN_OPTS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+"""Maven's JVM flags unless $MAVEN_OPTS sets others."""
+
+
 def mvn_copy_dependencies(pom: Path, output_dir: Path, *options: str, fetches: str) -> MavenRun:
     """Run ``mvn -q -B -f POM dependency:copy-dependencies [OPTIONS] -DoutputDirectory=DIR`` with
     :func:`maven_repository`; never raises on mvn's exit code (the caller checks what it needed, then uses
@@ -137,7 +141,10 @@ def mvn_copy_dependencies(pom: Path, output_dir: Path, *options: str, fetches: s
         raise RuntimeError(f"mvn not found on PATH; it is needed once to fetch {fetches}")
     cmd = [mvn, "-q", "-B", "-f", str(pom), f"-Dmaven.repo.local={maven_repository()}"]
     cmd += ["dependency:copy-dependencies", *options, f"-DoutputDirectory={output_dir}"]
-    return MavenRun(cmd, subprocess.run(cmd, capture_output=True, text=True, check=False))
+    # A short run waits on the network, not on Maven's code: the quick JIT and one GC thread take 40% less CPU
+    # (8 CPU s against 14 for the ZooKeeper jars, same wall time), which the tests running meanwhile get.
+    env = {**os.environ, "MAVEN_OPTS": os.environ.get("MAVEN_OPTS", MAVEN_OPTS)}
+    return MavenRun(cmd, subprocess.run(cmd, capture_output=True, text=True, check=False, env=env))
 
 
 def jvm_options(given: Sequence[str] | None, env_var: str, default: tuple[str, ...]) -> tuple[str, ...]:

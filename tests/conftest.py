@@ -213,11 +213,20 @@ class SharedStartScheduling(LoadScopeScheduling):  # type: ignore[misc]  # xdist
         return work_unit(nodeid)
 
 
-def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> SharedStartScheduling | None:
-    if config.getvalue("dist") != "load":  # `-n N` alone; an explicit --dist keeps xdist's own
-        return None
-    config.option.loadscopereorder = False  # collection order: the big units first
-    return SharedStartScheduling(config, log)
+class SharedStartPlugin:
+    """Registered only when xdist is loaded: pytest refuses an xdist hook it does not know (`-p no:xdist`)."""
+
+    @staticmethod
+    def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> SharedStartScheduling | None:
+        if config.getvalue("dist") != "load":  # `-n N` alone; an explicit --dist keeps xdist's own
+            return None
+        config.option.loadscopereorder = False  # collection order: the big units first
+        return SharedStartScheduling(config, log)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(SharedStartPlugin(), "kafka2delta-shared-start")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -7,8 +7,9 @@ the static member's pod name) fed to the daemon's own config loader; the Statefu
 the Deployment without it (byte-identical to the chart before), KEDA autoscaling; pod security; the alert
 rules (promtool check and promtool unit tests of each alert) and the dashboard's PromQL.
 
-Helm is built once from the Go module proxy by dev/k8s_tools.py (about 4 minutes on 2 cores the first
-time, cached in ~/.cache/kafka2delta/tools after that).
+Helm is built once from the Go module proxy by dev/k8s_tools.py (about 2 minutes on 2 cores the first
+time, started in the background by tests/conftest.py as soon as this module is collected; cached in
+~/.cache/kafka2delta/tools after that).
 """
 
 from __future__ import annotations
