@@ -249,10 +249,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """On a new machine every server and tool the tests run is fetched or built first: Maven jars, Debian's
-    Chromium and Prometheus, the object-store emulators, Helm (each `go install` takes minutes). Start that in
-    the background as soon as the tests are known, one after the other in the order the tests need them, so the
-    downloads and builds overlap the tests that run meanwhile (the Go-built tools' tests are handed out last).
+    """On a new machine the servers and tools of the later tests are fetched or built first: Maven jars, Debian's
+    Chromium and Prometheus, the object-store emulators, Helm (each `go install` takes minutes; the broker's jars
+    and Spark's packages are fetched by the first tests anyway). Start that in the background as soon as the
+    tests are known, one after the other in the order the tests need them, so the downloads and builds overlap
+    the tests that run meanwhile (the Go-built tools' tests are handed out last).
     The fixtures fetch through the same file locks, so they wait for a fetch under way (and report its error, if
     any, as a failure). On a machine that has them all, each step returns at once."""
     fixtures = {name for item in session.items for name in getattr(item, "fixturenames", ())}
