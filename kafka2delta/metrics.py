@@ -135,6 +135,13 @@ class BulkHistogram:
                 merged = [a + b for a, b in zip(old, cumulative, strict=True)]
                 self._series[key] = (merged, old_count + count, old_sum + total)
 
+    def remove_by_labels(self, labels: Mapping[str, str]) -> None:
+        """Drop every series whose labels include ``labels`` (as prometheus_client's metrics do)."""
+        positions = {self._labelnames.index(name): value for name, value in labels.items()}
+        with self._lock:
+            for key in [k for k in self._series if all(k[i] == v for i, v in positions.items())]:
+                del self._series[key]
+
     def describe(self) -> list[Metric]:
         return [HistogramMetricFamily(self._name, self._documentation, labels=self._labelnames)]
 
@@ -488,6 +495,18 @@ class Metrics:
 
     def lag(self, topic: str, partition: int, messages: int) -> None:
         self._lag.labels(topic, str(partition)).set(messages)
+
+    def released(self, *, topics: Iterable[str] = (), tables: Iterable[str] = ()) -> None:
+        """Drop the series of topics and tables this daemon no longer reads or writes (a topic deleted or assigned
+        to another daemon, its table closed): they stop being exported instead of showing their last value forever.
+        Counters that come back start again from 0, which ``rate()`` and ``increase()`` take as a reset."""
+        gone = [("topic", topic) for topic in topics] + [("table", table) for table in tables]
+        for metric in vars(self).values():
+            # Every labelled metric, however many are added later; _labelnames is prometheus_client's (and ours).
+            names = getattr(metric, "_labelnames", ())
+            for label, value in gone:
+                if label in names:
+                    metric.remove_by_labels({label: value})
 
     def unassigned(self, partitions: Iterable[TopicPartition]) -> None:
         """Partitions no longer ours: their lag is another daemon's to report."""

@@ -210,6 +210,7 @@ class Ingestor:
                         logger.info("caught up with the high watermarks seen at start: %s", _by_name(self._targets))
                         break
                 self._progress.maybe_log(self._progress_line)
+                self._tables.close_unused(self._partitions)
             if self._stop_requested is not None:
                 self._say_stopping()
             self._flush("shutdown")

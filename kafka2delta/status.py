@@ -264,6 +264,10 @@ class StatusBoard:
         with self._lock:
             self._tables[name] = TableStatus(name, without_credentials(uri), version)
 
+    def table_closed(self, name: str) -> None:
+        with self._lock:
+            self._tables.pop(name, None)
+
     def partitions(
         self,
         committed: Mapping[TopicPartition, int | None],

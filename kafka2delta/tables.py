@@ -6,7 +6,8 @@ real Delta table) or a test provides (fakes).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import logging
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 
 from kafka2delta.committer import Committer
@@ -17,9 +18,12 @@ from kafka2delta.encoded_rows import RowGroups
 from kafka2delta.metrics import Metrics
 from kafka2delta.pacing import CommitPacer
 from kafka2delta.pipeline import Pipeline
+from kafka2delta.records import TopicPartition
 from kafka2delta.retries import Retrier
 from kafka2delta.routing import Routes, TableSpec
 from kafka2delta.status import StatusBoard
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(kw_only=True)
@@ -78,6 +82,10 @@ class TopicTables:
     """Route name → table (empty when routing by topic)."""
 
     @property
+    def sinks(self) -> list[TableSink]:
+        return [self.home, *self.by_route.values()]
+
+    @property
     def uris(self) -> list[str]:
         """Every table the topic's messages can go to, the home table first."""
         return [self.home.spec.uri, *sorted({t.spec.uri for t in self.by_route.values()} - {self.home.spec.uri})]
@@ -104,6 +112,9 @@ class Tables:
         self._routes = routes
         self._router = router
         self._routers: dict[str, TopicTables] = {}
+        self._unheld_since: dict[str, float] = {}
+        """Opened topics no assigned partition reads, by topic: since when (see :meth:`close_unused`)."""
+        self._next_unused_check = 0.0
         self._opener = opener
         # The daemon's dead-letter table serves every route without one of its own.
         self._dead_letter_tables = {table_key(routes.default_dead_letter_uri): dead_letters}
@@ -174,6 +185,47 @@ class Tables:
         opened = self._retrier.run(f"opening dead-letter table {uri}", lambda: self._dead_letter_opener(uri))  # type: ignore[misc]
         self._dead_letter_tables[table_key(uri)] = opened
         return opened
+
+    def close_unused(self, assigned: Collection[TopicPartition]) -> None:
+        """Close what no assigned partition has used for ``ingest.unused_table_close_s``: the tables of topics
+        deleted or assigned to other daemons, with their coordinator sessions, status rows and metrics series (and
+        those topics' series). The loop calls it between flushes, so nothing is buffered for them: their partitions'
+        buffers went with the partitions. It looks once a second; the wait spares an eager rebalance (everything
+        revoked, then most of it assigned back) from reopening every table."""
+        now = self._clock()
+        if now < self._next_unused_check:
+            return
+        self._next_unused_check = now + 1.0
+        held_topics = {tp.topic for tp in assigned}
+        for topic in self._routers:
+            if topic in held_topics:
+                self._unheld_since.pop(topic, None)
+            else:
+                self._unheld_since.setdefault(topic, now)
+        gone = [t for t, since in self._unheld_since.items() if now - since >= self._ingest.unused_table_close_s]
+        if not gone:
+            return
+        for topic in gone:
+            del self._routers[topic], self._unheld_since[topic]
+        used = {table_key(sink.spec.uri) for tables in self._routers.values() for sink in tables.sinks}
+        closed = [sink for key, sink in self._sinks.items() if key not in used]
+        for sink in closed:
+            del self._sinks[table_key(sink.spec.uri)]
+            if sink.coordinator is not None:
+                sink.coordinator.close()
+            self._board.table_closed(sink.name)
+            logger.info(
+                "closed table %s: no assigned partition has written it for %g s (its topics deleted or assigned to "
+                "another daemon); a partition assigned again reopens it",
+                sink.name,
+                self._ingest.unused_table_close_s,
+            )
+        letters_used = {table_key(self._routes.default_dead_letter_uri)}
+        letters_used.update(table_key(sink.dead_letters.uri) for sink in self._sinks.values())
+        for key in [key for key in self._dead_letter_tables if key not in letters_used]:
+            del self._dead_letter_tables[key]
+        self._metrics.released(topics=gone, tables=[sink.name for sink in closed])
+        logger.info("released topics %s: no partition of theirs is assigned here", ", ".join(sorted(gone)))
 
     def __getitem__(self, uri: str) -> TableSink:
         return self._sinks[table_key(uri)]

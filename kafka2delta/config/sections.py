@@ -269,6 +269,10 @@ class IngestConfig:
     """Budget of commits per second for a whole table, all its writers together: when more daemons share a table
     than ``table_commits_per_s × allowed_latency_s``, each waits longer between commits (never more than 60 s)
     so the log is not raced (kafka2delta/pacing.py). 0: no budget."""
+    unused_table_close_s: float = 60.0
+    """A table that no assigned partition writes any longer (its topics deleted, or assigned to other daemons) is
+    closed after this many seconds: its snapshot, coordinator session, status row and metrics series go, and its
+    topics' metrics series with it. A partition assigned again reopens it from its log. 0: at once."""
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,8 @@ def validate(config: Config) -> None:
             raise ConfigError(key, f"expected {expected}, got {number}")
     if config.ingest.table_commits_per_s < 0:
         raise ConfigError("ingest.table_commits_per_s", "expected 0 (no budget) or more commits per second")
+    if config.ingest.unused_table_close_s < 0:
+        raise ConfigError("ingest.unused_table_close_s", "expected 0 (close at once) or more seconds")
     if config.ingest.row_group_rows < 0:
         raise ConfigError("ingest.row_group_rows", "expected 0 (encode at the flush) or more rows")
     if config.ingest.max_commit_retries < 0:

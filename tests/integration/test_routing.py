@@ -4,6 +4,7 @@ by the single-topic release that a second topic joins, and 200 topics at once.""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import sys
@@ -17,6 +18,7 @@ from typing import Any
 from confluent_kafka.admin import AdminClient
 
 from tests.support.harness import BackgroundProducer, Daemon, Message, Topic, event, wait_for
+from tests.support.observability import free_port, http_get, scrape, total
 from tests.support.routing import (
     BROKEN,
     LEGACY_APP_ID,
@@ -141,12 +143,15 @@ def test_a_topic_pattern_picks_up_a_topic_created_while_running(
     topics = {name: Topic(name, 2, kafka_bootstrap) for name in [*names, decoy]}
     produced = {name: topics[name].produce(30) for name in [*names, decoy]}
     lake = tmp_path / "lake"
+    port = free_port()
     config = write_config(
         tmp_path / "config.toml",
         kafka_bootstrap,
         {"topic_pattern": f"^{prefix}\\..*"},
         {"uri": f"{lake}/{{topic}}"},
+        ingest={"unused_table_close_s": 2.0},
         refresh_ms=1000,
+        metrics_port=port,
     )
     setup = setup_for(config, topics[names[0]], lake / names[0])
     daemon = daemon_factory(setup)
@@ -162,12 +167,24 @@ def test_a_topic_pattern_picks_up_a_topic_created_while_running(
     produced[names[0]] += topics[names[0]].produce(10, start=30)
     wait_for(lambda: len(ids(lake / names[0])) == 80, 60, f"the later rows of {names[0]}")
 
-    # A deleted topic is released at the next metadata refresh; the others keep flowing.
+    # A deleted topic is released at the next metadata refresh, and its table closed 2 s later (its status row
+    # and metrics series gone); the others keep flowing.
     deleted = names[1]
+    base = f"http://127.0.0.1:{port}"
+    assert total(scrape(base), "kafka2delta_rows_written_total", topic=deleted) == 60
     admin = AdminClient({"bootstrap.servers": kafka_bootstrap})  # kept alive until the deletion is done
     admin.delete_topics([deleted])[deleted].result(30)
     released = re.compile(rf"(revoked|lost) .*{re.escape(deleted)}\[")
     wait_for(lambda: released.search(daemon.log()) is not None, 60, f"{deleted} released after its deletion")
+    wait_for(lambda: f"closed table {lake / deleted}:" in daemon.log(), 30, f"the table of {deleted} closed")
+    samples = scrape(base)
+    assert [
+        s for s in samples if dict(s[1]).get("topic") == deleted or dict(s[1]).get("table") == str(lake / deleted)
+    ] == []
+    assert total(samples, "kafka2delta_rows_written_total", topic=names[0]) == 80
+    code, _, body = http_get(f"{base}/status.json")
+    assert code == 200
+    assert sorted(t["name"] for t in json.loads(body)["tables"]) == sorted(str(lake / n) for n in (names[0], third))
     produced[names[0]] += topics[names[0]].produce(10, start=40)
     wait_for(lambda: len(ids(lake / names[0])) == 100, 60, f"the rows of {names[0]} after the deletion")
 

@@ -57,9 +57,11 @@ def write_config(
     schema: dict[str, str] | None = None,
     ingest: dict[str, Any] | None = None,
     refresh_ms: int | None = None,
+    metrics_port: int | None = None,
 ) -> Path:
     """A config file: ``kafka`` holds the subscription (topic, topics or topic_pattern) and anything else of
-    [kafka]; ``table`` the [table] keys (uri, app_id, metadata_columns …)."""
+    [kafka]; ``table`` the [table] keys (uri, app_id, metadata_columns …); ``metrics_port`` serves /metrics and
+    /status.json on loopback."""
     settings = {"session.timeout.ms": "10000", "heartbeat.interval.ms": "1000"}
     if refresh_ms is not None:
         settings["topic.metadata.refresh.interval.ms"] = str(refresh_ms)
@@ -69,6 +71,7 @@ def write_config(
         *toml_section("table", {"metadata_columns": METADATA_COLUMNS, **table}),
         *toml_section("table.schema", schema if schema is not None else SCHEMA),
         *toml_section("ingest", {"allowed_latency_s": 1.0, "progress_interval_s": 2.0, **(ingest or {})}),
+        *(toml_section("metrics", {"port": metrics_port, "host": "127.0.0.1"}) if metrics_port else []),
     ]
     path.write_text("\n".join(lines) + "\n")
     return path

@@ -233,7 +233,10 @@ def make(
 
 
 def daemon_loop(
-    config: Config, source: Source, opener: Callable[[TableSpec], OpenedTable] | None = None
+    config: Config,
+    source: Source,
+    opener: Callable[[TableSpec], OpenedTable] | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> tuple[Ingestor, Metrics]:
     """The loop of ``config`` as the daemon builds it (its real tables, opened by ``opener`` or as the daemon opens
     them) over ``source``; no sleeping between retries."""
@@ -249,6 +252,7 @@ def daemon_loop(
         router=(lambda: build_router(config)) if config.routing.expression else None,
         dead_letter_opener=lambda uri: open_dead_letters(config, routes, uri),
         sleep=no_sleep,
+        clock=clock,
     )
     return ingestor, metrics
 
