@@ -7,7 +7,9 @@ partition: messages produced, rows, dead letters, expected skips (empty payloads
 configured filter drops), missing offsets, duplicated offsets, offsets present in both tables, rows
 at offsets the topic does not hold, rows after their own table's txn version; plus gaps in the Delta log
 versions. Offsets after the main table's txn version are not final yet: they are reported as pending, never as
-missing.
+missing. Offsets whose rows a later commit deleted (``jobs ttl``, a ``jobs mutate`` DELETE, anyone's DELETE) are
+counted as deleted, not missing, while the files those commits removed are on storage
+(:mod:`kafka2delta.verify_deletes`).
 
 It shares no state with the daemon; it only reuses the deserializer and transforms to tell which
 messages the filter drops. Both tables are read (one snapshot each, txn versions and rows from the
@@ -40,6 +42,7 @@ from kafka2delta.records import PartitionMessages
 from kafka2delta.routing import Routes, TableSpec
 from kafka2delta.schema import parse_schema
 from kafka2delta.verify_changes import ChangesReport, check_upsert_table
+from kafka2delta.verify_deletes import Deletions, deleted_rows
 from kafka2delta.verify_reading import (
     Deadline,
     TableSnapshot,
@@ -92,6 +95,8 @@ class PartitionReport:
     """Rows and dead letters at offsets before ``low``: deleted from the topic by retention, not checkable."""
     compacted: int = 0
     """Rows and dead letters at offsets inside ``[low, high)`` that log compaction removed: not checkable."""
+    deleted: int = 0
+    """Final offsets whose rows a later commit deleted (``jobs ttl``, a ``jobs mutate`` DELETE): not missing."""
 
     @property
     def ok(self) -> bool:
@@ -111,6 +116,11 @@ class Report:
     dead_letter_version: int | None = None
     untraced: int = 0
     """Rows of the topic with no partition or offset recorded (written before ``metadata_columns`` named them)."""
+    deleted_by_version: dict[str, dict[int, int]] = field(default_factory=dict)
+    """Per table URI, the rows of the topic each later deleting commit took out, by table version (looked up only
+    when offsets are missing)."""
+    deletes_unreadable: dict[str, list[int]] = field(default_factory=dict)
+    """Per table URI, versions that deleted rows from files VACUUM has removed since: what they deleted is unknown."""
 
     @property
     def lost(self) -> int:
@@ -157,6 +167,7 @@ class Report:
             dead_letters=sum(p.dead_letters for p in self.partitions),
             skipped=sum(p.skipped for p in self.partitions),
             pending=sum(p.pending for p in self.partitions),
+            deleted=sum(p.deleted for p in self.partitions),
         )
         return json.dumps(data, indent=2)
 
@@ -189,6 +200,8 @@ class Report:
                 lines.append(f"{'':>9} {p.before_low} rows/dead letters before offset {p.low} (deleted by retention)")
             if p.compacted:
                 lines.append(f"{'':>9} {p.compacted} rows/dead letters at offsets log compaction removed")
+            if p.deleted:
+                lines.append(f"{'':>9} {p.deleted} rows deleted by later commits (counted, not missing)")
             if p.beyond_txn and p.committed is None:
                 lines.append(f"{'':>9} rows but no txn version: were the table's txn ids (table.app_id) renamed?")
         if self.untraced:
@@ -200,6 +213,16 @@ class Report:
                 lines.append(f"gaps in the log versions of {uri}: {gaps[:_SHOWN]}")
         if self.dead_letter_log_gaps:
             lines.append(f"gaps in the dead-letter table's log versions: {self.dead_letter_log_gaps[:_SHOWN]}")
+        for uri, by_version in self.deleted_by_version.items():
+            if by_version:
+                shown = ", ".join(f"v{v}: {n}" for v, n in sorted(by_version.items())[:_SHOWN])
+                lines.append(f"rows of the topic later commits deleted from {uri}: {shown}")
+        for uri, versions in self.deletes_unreadable.items():
+            if versions:
+                lines.append(
+                    f"versions {versions[:_SHOWN]} of {uri} deleted rows from files VACUUM has removed since: what "
+                    "they deleted cannot be told from lost rows (run verify before VACUUM)"
+                )
         totals = (
             f"{sum(p.produced for p in self.partitions)} messages: {sum(p.rows for p in self.partitions)} rows, "
             f"{sum(p.dead_letters for p in self.partitions)} dead letters, "
@@ -208,6 +231,8 @@ class Report:
         lines.append(totals)
         verdict = "OK" if self.ok else "FAILED"
         summary = f"{verdict}: lost {self.lost}, duplicated {self.duplicated}"
+        if deleted := sum(p.deleted for p in self.partitions):
+            summary += f" (deleted later {deleted})"
         if self.in_both or self.unexpected or self.beyond_txn or self.gaps:
             summary += (
                 f", in both tables {self.in_both}, unexpected {self.unexpected}, after the txn {self.beyond_txn}, "
@@ -323,10 +348,12 @@ def compare(
     committed: Mapping[int, int | None],
     dead_letter_committed: Mapping[int, int | None] | None = None,
     beyond_txn: Mapping[int, np.ndarray] | None = None,
+    deleted: Mapping[int, np.ndarray] | None = None,
 ) -> list[PartitionReport]:
     """Per partition: what the topic holds against the rows and dead letters. Rows and dead letters at
     offsets before the low watermark (deleted by retention), or on a compacted topic at offsets compaction
-    removed, are counted, not checked. ``beyond_txn``: rows a table holds after its own txn version."""
+    removed, are counted, not checked. ``beyond_txn``: rows a table holds after its own txn version.
+    ``deleted``: offsets whose rows later commits deleted; missing ones among them count as deleted."""
     reports = []
     row_groups = _by_partition(rows)
     letter_groups = _by_partition(dead_letters)
@@ -346,6 +373,8 @@ def compare(
         seen = np.union1d(row_offsets, letter_offsets)
         stray = np.setdiff1d(seen[seen >= low], allowed)
         compacted = stray[stray < high] if topic.compacted else none
+        absent = np.setdiff1d(expected, outcome)
+        taken_out = np.intersect1d(absent, (deleted or {}).get(partition, none))
         reports.append(
             PartitionReport(
                 partition=partition,
@@ -357,7 +386,7 @@ def compare(
                 dead_letters=int(letter_offsets.size),
                 skipped=int(skipped.size),
                 pending=int(produced.size - final.size),
-                missing=_ints(np.setdiff1d(expected, outcome)),
+                missing=_ints(np.setdiff1d(absent, taken_out)),
                 duplicated=_ints(np.union1d(_repeated(row_offsets), _repeated(letter_offsets))),
                 in_both=_ints(np.intersect1d(row_offsets, letter_offsets)),
                 unexpected=_ints(np.setdiff1d(stray, compacted)),
@@ -365,6 +394,7 @@ def compare(
                 dead_letter_committed=(dead_letter_committed or {}).get(partition),
                 before_low=int((row_offsets < low).sum() + (letter_offsets < low).sum()),
                 compacted=int(compacted.size),
+                deleted=int(taken_out.size),
             )
         )
     return reports
@@ -540,16 +570,31 @@ def _check_topic(
         main.version,
         letters.version,
     )
+    partition_reports = compare(offsets, main.rows, letters.rows, main.txns, letters.txns, beyond_txn)
+    deletions: dict[str, Deletions] = {}
+    if any(p.missing for p in partition_reports):  # rows a later commit deleted? (reads the tables' history)
+        deletions = {
+            s.uri: deleted_rows(t.uri, options, t.version, "kafka_partition", "kafka_offset", rows_of_this_topic(s))
+            for s, t in zip(specs, tables, strict=True)
+            if t.version is not None
+        }
+        deleted: dict[int, np.ndarray] = {}
+        for found in deletions.values():
+            for partition, gone in found.offsets.items():
+                deleted[partition] = np.union1d(deleted.get(partition, np.empty(0, np.int64)), gone)
+        partition_reports = compare(offsets, main.rows, letters.rows, main.txns, letters.txns, beyond_txn, deleted)
     return Report(
         topic,
         main.uri,
         dead_letter_uri,
-        compare(offsets, main.rows, letters.rows, main.txns, letters.txns, beyond_txn),
+        partition_reports,
         {t.uri: log_gaps(t.uri, options) for t in tables if t.version is not None},
         log_gaps(dead_letter_uri, options) if letters.version is not None else [],
         table_version=main.version,
         dead_letter_version=letters.version,
         untraced=main.untraced,
+        deleted_by_version={uri: found.by_version for uri, found in deletions.items()},
+        deletes_unreadable={uri: found.unreadable for uri, found in deletions.items()},
     )
 
 

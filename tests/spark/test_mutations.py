@@ -117,3 +117,13 @@ def test_mutation_and_ttl_jobs_from_their_topics(
     setup.topic.produce_messages([Message(0, json.dumps(e).encode()) for e in more])
     assert daemon_factory(setup, "--until-caught-up").wait(120) == 0
     assert set(_rows(setup)) == set(expected) | {e["id"] for e in more}
+
+    # verify tells the rows the jobs deleted from lost ones (their removed files are still on storage).
+    code, checked = setup.verify()
+    assert isinstance(checked, dict) and code == 0, checked
+    assert (checked["lost"], checked["deleted"], checked["rows"]) == (
+        0,
+        len(events) - len(expected),
+        len(expected) + 10,
+    )
+    assert len(checked["deleted_by_version"][setup.table_uri]) == 4  # mutate: L3, then L4; ttl: GDPR, then retention

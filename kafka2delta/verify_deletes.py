@@ -1,0 +1,169 @@
+"""Rows a later commit deleted, for ``kafka2delta verify``: what ``jobs ttl``, a ``jobs mutate`` DELETE or anyone's
+DELETE, MERGE or overwrite took out of a table after the daemon wrote them. Verify counts their offsets as deleted,
+not missing.
+
+A commit that deletes rows removes the files holding them (``remove`` with ``dataChange = true``) and adds back
+the rows it keeps (a rewritten file); an UPDATE adds every row back, compaction's actions change no data. So the
+rows a commit deleted are those of its removed files less those of its added files, by partition and offset. The
+daemon's own commits (their ``commitInfo`` says ``kafka2delta``) remove nothing from an append table, and OPTIMIZE
+and VACUUM delete no row: their log entries are not read. A removed file stays on storage until VACUUM; once it is
+gone what its commit deleted cannot be told, and the report names that commit.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import unquote
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pa_fs
+import pyarrow.parquet as pq
+from deltalake import DeltaTable
+from deltalake.exceptions import DeltaError
+
+from kafka2delta.errors import RetryableError
+from kafka2delta.writer import table_filesystem
+
+# Operations that never delete a row: their log entries are not read (a table's history is mostly these).
+_KEEPS_ROWS = frozenset({"OPTIMIZE", "VACUUM START", "VACUUM END", "SET TBLPROPERTIES", "ADD COLUMNS"})
+_TOPIC_COLUMN = "kafka_topic"  # what ``where`` filters on, in a table several topics write
+
+
+@dataclass
+class Deletions:
+    """The offsets of rows that commits up to a table version deleted, by Kafka partition."""
+
+    offsets: dict[int, np.ndarray] = field(default_factory=dict)
+    by_version: dict[int, int] = field(default_factory=dict)
+    """Rows of the checked topic each deleting commit took out, by table version."""
+    unreadable: list[int] = field(default_factory=list)
+    """Versions that removed files no longer on storage (VACUUM): what they deleted cannot be told."""
+
+
+def deleted_rows(
+    uri: str,
+    storage_options: Mapping[str, str],
+    version: int,
+    partition_column: str,
+    offset_column: str,
+    where: Callable[[pa.Schema], pc.Expression | None],
+) -> Deletions:
+    """What the commits of ``uri`` up to ``version`` deleted of the rows ``where`` selects (the checked topic's)."""
+    try:
+        # The newest history, cut at ``version``: deltalake 1.6's history() of a table loaded at an older version
+        # lists every commit anyway, numbered down from that version (wrongly).
+        history = DeltaTable(uri, storage_options=dict(storage_options) or None).history()
+    except (DeltaError, OSError) as exc:
+        raise RetryableError(f"reading the history of {uri}: {exc}") from exc
+    filesystem, root = table_filesystem(uri, storage_options)
+    columns = (partition_column, offset_column)
+    found = Deletions()
+    pieces: list[pa.Table] = []
+    for entry in sorted(history, key=lambda e: int(e["version"])):
+        if int(entry["version"]) > version or "kafka2delta" in entry or entry.get("operation") in _KEEPS_ROWS:
+            continue
+        removed, added = _data_files(filesystem, root, int(entry["version"]))
+        if not removed:
+            continue
+        try:
+            gone = _rows(filesystem, root, removed, columns, where)
+        except FileNotFoundError:
+            found.unreadable.append(int(entry["version"]))
+            continue
+        kept = _rows(filesystem, root, added, columns, where) if added else gone.slice(0, 0)
+        deleted = _minus(gone, kept)
+        if deleted.num_rows:
+            found.by_version[int(entry["version"])] = deleted.num_rows
+            pieces.append(deleted)
+    if pieces:
+        rows = pa.concat_tables(pieces)
+        partitions, offsets = rows.column(0).to_numpy(), rows.column(1).to_numpy()
+        found.offsets = {int(p): np.unique(offsets[partitions == p]) for p in np.unique(partitions)}
+    return found
+
+
+def _data_files(
+    filesystem: pa_fs.FileSystem, root: str, version: int
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The ``remove`` and ``add`` actions of one commit that change data."""
+    path = f"{root.rstrip('/')}/_delta_log/{version:020d}.json"
+    try:
+        with filesystem.open_input_stream(path) as stream:
+            text = stream.read().decode()
+    except FileNotFoundError:
+        return [], []  # log entries before the last checkpoint, cleaned up: history() did not list them either
+    except OSError as exc:
+        raise RetryableError(f"reading {path}: {exc}") from exc
+    removed: list[dict[str, Any]] = []
+    added: list[dict[str, Any]] = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        action = json.loads(line)
+        for kind, files in (("remove", removed), ("add", added)):
+            if kind in action and action[kind].get("dataChange", True):
+                files.append(action[kind])
+    return removed, added
+
+
+def _rows(
+    filesystem: pa_fs.FileSystem,
+    root: str,
+    files: list[dict[str, Any]],
+    columns: tuple[str, str],
+    where: Callable[[pa.Schema], pc.Expression | None],
+) -> pa.Table:
+    """(partition, offset) of the rows of ``files`` that ``where`` selects (the topic column read with them; a file's
+    partition values count as its columns). FileNotFoundError when a file is gone."""
+    pieces = []
+    for action in files:
+        path = f"{root.rstrip('/')}/{unquote(action['path'])}"
+        try:
+            if filesystem.get_file_info(path).type == pa_fs.FileType.NotFound:
+                raise FileNotFoundError(path)
+            with filesystem.open_input_file(path) as handle:
+                parquet = pq.ParquetFile(handle)
+                names = [n for n in (*columns, _TOPIC_COLUMN) if n in parquet.schema_arrow.names]
+                rows = parquet.read(columns=names)
+        except FileNotFoundError:
+            raise
+        except OSError as exc:
+            raise RetryableError(f"reading {path}: {exc}") from exc
+        for name, value in (action.get("partitionValues") or {}).items():
+            if name in (*columns, _TOPIC_COLUMN) and name not in rows.column_names:
+                rows = rows.append_column(name, pa.array([value] * rows.num_rows, pa.string()))
+        if not set(columns) <= set(rows.column_names):
+            continue  # written before the metadata columns were: no offset to tell
+        if _TOPIC_COLUMN in rows.column_names:  # another writer's file may hold it as string_view or large_string
+            rows = rows.set_column(
+                rows.column_names.index(_TOPIC_COLUMN), _TOPIC_COLUMN, rows.column(_TOPIC_COLUMN).cast(pa.string())
+            )
+        expression = where(rows.schema)
+        if expression is not None:
+            rows = rows.filter(expression)
+        rows = rows.filter(pc.and_(rows.column(columns[0]).is_valid(), rows.column(columns[1]).is_valid()))
+        pieces.append(
+            pa.table(
+                {
+                    "partition": rows.column(columns[0]).cast(pa.int64()),
+                    "offset": rows.column(columns[1]).cast(pa.int64()),
+                }
+            )
+        )
+    if not pieces:
+        return pa.table({"partition": pa.array([], pa.int64()), "offset": pa.array([], pa.int64())})
+    return pa.concat_tables(pieces)
+
+
+def _minus(rows: pa.Table, kept: pa.Table) -> pa.Table:
+    """The (partition, offset) pairs of ``rows`` that ``kept`` does not hold."""
+    if not kept.num_rows:
+        return rows
+    return rows.join(
+        kept.group_by(["partition", "offset"]).aggregate([]), ["partition", "offset"], join_type="left anti"
+    )
