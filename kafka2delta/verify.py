@@ -574,10 +574,22 @@ def _check_topic(
     deletions: dict[str, Deletions] = {}
     if any(p.missing for p in partition_reports):  # rows a later commit deleted? (reads the tables' history)
         deletions = {
-            s.uri: deleted_rows(t.uri, options, t.version, "kafka_partition", "kafka_offset", rows_of_this_topic(s))
+            s.uri: deleted_rows(
+                t.uri, options, t.version, "kafka_partition", "kafka_offset", rows_of_this_topic(s), ("kafka_topic",)
+            )
             for s, t in zip(specs, tables, strict=True)
             if t.version is not None
         }
+        if letters.version is not None:  # dead letters erased by hand (GDPR, docs/MAINTENANCE.md)
+            deletions[dead_letter_uri] = deleted_rows(
+                dead_letter_uri,
+                options,
+                letters.version,
+                "partition",
+                "offset",
+                lambda schema: dead_letter_filter(dead_letter_app_ids, topic),
+                ("app_id", "topic"),
+            )
         deleted: dict[int, np.ndarray] = {}
         for found in deletions.values():
             for partition, gone in found.offsets.items():

@@ -31,7 +31,6 @@ from kafka2delta.writer import table_filesystem
 
 # Operations that never delete a row: their log entries are not read (a table's history is mostly these).
 _KEEPS_ROWS = frozenset({"OPTIMIZE", "VACUUM START", "VACUUM END", "SET TBLPROPERTIES", "ADD COLUMNS"})
-_TOPIC_COLUMN = "kafka_topic"  # what ``where`` filters on, in a table several topics write
 
 
 @dataclass
@@ -52,8 +51,10 @@ def deleted_rows(
     partition_column: str,
     offset_column: str,
     where: Callable[[pa.Schema], pc.Expression | None],
+    where_columns: tuple[str, ...],
 ) -> Deletions:
-    """What the commits of ``uri`` up to ``version`` deleted of the rows ``where`` selects (the checked topic's)."""
+    """What the commits of ``uri`` up to ``version`` deleted of the rows ``where`` selects (the checked topic's),
+    reading ``where_columns`` for it."""
     try:
         # The newest history, cut at ``version``: deltalake 1.6's history() of a table loaded at an older version
         # lists every commit anyway, numbered down from that version (wrongly).
@@ -62,6 +63,7 @@ def deleted_rows(
         raise RetryableError(f"reading the history of {uri}: {exc}") from exc
     filesystem, root = table_filesystem(uri, storage_options)
     columns = (partition_column, offset_column)
+    read = _Read(filesystem, root, columns, where, where_columns)
     found = Deletions()
     pieces: list[pa.Table] = []
     for entry in sorted(history, key=lambda e: int(e["version"])):
@@ -71,11 +73,11 @@ def deleted_rows(
         if not removed:
             continue
         try:
-            gone = _rows(filesystem, root, removed, columns, where)
+            gone = read.rows(removed)
         except FileNotFoundError:
             found.unreadable.append(int(entry["version"]))
             continue
-        kept = _rows(filesystem, root, added, columns, where) if added else gone.slice(0, 0)
+        kept = read.rows(added) if added else gone.slice(0, 0)
         deleted = _minus(gone, kept)
         if deleted.num_rows:
             found.by_version[int(entry["version"])] = deleted.num_rows
@@ -111,53 +113,57 @@ def _data_files(
     return removed, added
 
 
-def _rows(
-    filesystem: pa_fs.FileSystem,
-    root: str,
-    files: list[dict[str, Any]],
-    columns: tuple[str, str],
-    where: Callable[[pa.Schema], pc.Expression | None],
-) -> pa.Table:
-    """(partition, offset) of the rows of ``files`` that ``where`` selects (the topic column read with them; a file's
-    partition values count as its columns). FileNotFoundError when a file is gone."""
-    pieces = []
-    for action in files:
-        path = f"{root.rstrip('/')}/{unquote(action['path'])}"
+@dataclass
+class _Read:
+    """How the rows of a table's data files are read: their partition and offset, where ``where`` selects them."""
+
+    filesystem: pa_fs.FileSystem
+    root: str
+    columns: tuple[str, str]
+    where: Callable[[pa.Schema], pc.Expression | None]
+    where_columns: tuple[str, ...]
+
+    def rows(self, files: list[dict[str, Any]]) -> pa.Table:
+        """(partition, offset) of the selected rows of ``files`` (a file's partition values count as its columns).
+        FileNotFoundError when a file is gone."""
+        pieces = [self._file(action) for action in files]
+        kept = [piece for piece in pieces if piece is not None]
+        if not kept:
+            return pa.table({"partition": pa.array([], pa.int64()), "offset": pa.array([], pa.int64())})
+        return pa.concat_tables(kept)
+
+    def _file(self, action: dict[str, Any]) -> pa.Table | None:
+        path = f"{self.root.rstrip('/')}/{unquote(action['path'])}"
+        wanted = (*self.columns, *self.where_columns)
         try:
-            if filesystem.get_file_info(path).type == pa_fs.FileType.NotFound:
+            if self.filesystem.get_file_info(path).type == pa_fs.FileType.NotFound:
                 raise FileNotFoundError(path)
-            with filesystem.open_input_file(path) as handle:
+            with self.filesystem.open_input_file(path) as handle:
                 parquet = pq.ParquetFile(handle)
-                names = [n for n in (*columns, _TOPIC_COLUMN) if n in parquet.schema_arrow.names]
-                rows = parquet.read(columns=names)
+                rows = parquet.read(columns=[n for n in wanted if n in parquet.schema_arrow.names])
         except FileNotFoundError:
             raise
         except OSError as exc:
             raise RetryableError(f"reading {path}: {exc}") from exc
         for name, value in (action.get("partitionValues") or {}).items():
-            if name in (*columns, _TOPIC_COLUMN) and name not in rows.column_names:
+            if name in wanted and name not in rows.column_names:
                 rows = rows.append_column(name, pa.array([value] * rows.num_rows, pa.string()))
-        if not set(columns) <= set(rows.column_names):
-            continue  # written before the metadata columns were: no offset to tell
-        if _TOPIC_COLUMN in rows.column_names:  # another writer's file may hold it as string_view or large_string
-            rows = rows.set_column(
-                rows.column_names.index(_TOPIC_COLUMN), _TOPIC_COLUMN, rows.column(_TOPIC_COLUMN).cast(pa.string())
-            )
-        expression = where(rows.schema)
+        if not set(self.columns) <= set(rows.column_names):
+            return None  # written before the metadata columns were: no offset to tell
+        for name in self.where_columns:  # another writer's file may hold text as string_view or large_string
+            if name in rows.column_names and rows.schema.field(name).type in (pa.large_string(), pa.string_view()):
+                rows = rows.set_column(rows.column_names.index(name), name, rows.column(name).cast(pa.string()))
+        expression = self.where(rows.schema)
         if expression is not None:
             rows = rows.filter(expression)
-        rows = rows.filter(pc.and_(rows.column(columns[0]).is_valid(), rows.column(columns[1]).is_valid()))
-        pieces.append(
-            pa.table(
-                {
-                    "partition": rows.column(columns[0]).cast(pa.int64()),
-                    "offset": rows.column(columns[1]).cast(pa.int64()),
-                }
-            )
+        partition, offset = rows.column(self.columns[0]), rows.column(self.columns[1])
+        rows = rows.filter(pc.and_(partition.is_valid(), offset.is_valid()))
+        return pa.table(
+            {
+                "partition": rows.column(self.columns[0]).cast(pa.int64()),
+                "offset": rows.column(self.columns[1]).cast(pa.int64()),
+            }
         )
-    if not pieces:
-        return pa.table({"partition": pa.array([], pa.int64()), "offset": pa.array([], pa.int64())})
-    return pa.concat_tables(pieces)
 
 
 def _minus(rows: pa.Table, kept: pa.Table) -> pa.Table:

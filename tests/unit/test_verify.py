@@ -334,17 +334,18 @@ def test_rows_a_later_delete_took_out_are_counted_as_deleted_until_vacuum_remove
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A DELETE (as `jobs ttl` makes) takes rows out after the daemon wrote them: they are deleted, not lost, while
-    the files it removed are on storage; compaction and an outside append change nothing; after VACUUM the report
-    fails and says why."""
+    the files it removed are on storage, and so is a dead letter erased by hand; compaction and an outside append
+    change nothing; after VACUUM the report fails and says why."""
     config = tables_config(tmp_path, K2D_KAFKA__TOPIC="a", K2D_TABLE__URI=str(tmp_path / "a"))
     a0, a1 = TopicPartition("a", 0), TopicPartition("a", 1)
-    documents = {p: [{"id": f"p{p}-{o}"} for o in range(6)] for p in (0, 1)}
+    documents: dict[int, list[dict[str, Any]]] = {p: [{"id": f"p{p}-{o}"} for o in range(6)] for p in (0, 1)}
+    documents[1].append({"x": 1})  # offset 6: no id, a dead letter
     batches = [
         messages_of(a0, 0, documents[0][:3]),
         messages_of(a1, 0, documents[1]),
         messages_of(a0, 3, documents[0][3:]),
     ]
-    ingest_until_caught_up(config, TopicsSource(batches, {a0: 6, a1: 6}))
+    ingest_until_caught_up(config, TopicsSource(batches, {a0: 6, a1: 7}))
     served = {p: [(o, json.dumps(d).encode(), None) for o, d in enumerate(documents[p])] for p in (0, 1)}
     serve_topics(monkeypatch, {"a": served})
     [report] = check(config)
@@ -353,19 +354,23 @@ def test_rows_a_later_delete_took_out_are_counted_as_deleted_until_vacuum_remove
     uri = str(tmp_path / "a")
     DeltaTable(uri).delete("id IN ('p0-1', 'p0-4', 'p1-2')")
     deleting = DeltaTable(uri).version()
+    letters = str(tmp_path / "dlq")
+    DeltaTable(letters).delete("topic = 'a' AND \"offset\" = 6")
+    erasing = DeltaTable(letters).version()
     DeltaTable(uri).optimize.compact()  # rewrites every row: deletes none
     write_deltalake(uri, DeltaTable(uri).to_pyarrow_table().slice(0, 0), mode="append")  # an outside commit
     [report] = check(config)
     assert isinstance(report, Report) and report.ok, report.render()
-    assert [(p.partition, p.deleted, p.missing) for p in report.partitions] == [(0, 2, []), (1, 1, [])]
-    assert report.deleted_by_version == {uri: {deleting: 3}} and report.deletes_unreadable == {uri: []}
+    assert [(p.partition, p.deleted, p.missing) for p in report.partitions] == [(0, 2, []), (1, 2, [])]
+    assert report.deleted_by_version == {uri: {deleting: 3}, letters: {erasing: 1}}
+    assert report.deletes_unreadable == {uri: [], letters: []}
     text = report.render()
     assert f"later commits deleted from {uri}: v{deleting}: 3" in text
-    assert text.splitlines()[-1] == "OK: lost 0, duplicated 0 (deleted later 3)"
-    assert json.loads(report.to_json())["deleted"] == 3
+    assert text.splitlines()[-1] == "OK: lost 0, duplicated 0 (deleted later 4)"
+    assert json.loads(report.to_json())["deleted"] == 4
 
     DeltaTable(uri).vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
     [report] = check(config)
-    assert isinstance(report, Report) and not report.ok and report.lost == 3
-    assert report.deletes_unreadable == {uri: [deleting]}
+    assert isinstance(report, Report) and not report.ok and report.lost == 3  # the dead letter's files are there
+    assert report.deletes_unreadable == {uri: [deleting], letters: []}
     assert f"versions [{deleting}] of {uri} deleted rows from files VACUUM has removed since" in report.render()
