@@ -29,7 +29,7 @@ from deltalake.transaction import AddAction, RemoveAction
 from kafka2delta.bisection import isolate_failures
 from kafka2delta.changes import DELETE_FLAG, ChangeOptions
 from kafka2delta.changes.collapse import UNAVAILABLE_FLAG
-from kafka2delta.config.sections import s3_option_name
+from kafka2delta.config.sections import AZURE_SCHEMES, GCS_SCHEMES, s3_option_name
 from kafka2delta.dictionaries import dictionary_columns
 from kafka2delta.encoded_rows import DATA_ERRORS, EncodedFile
 from kafka2delta.errors import (
@@ -135,13 +135,6 @@ def _s3_options(storage_options: Mapping[str, str]) -> dict[str, str]:
     """The S3 storage options by object_store's name with no ``aws_`` prefix, in lower case: deltalake takes
     ``AWS_ENDPOINT_URL``, ``aws_endpoint``, ``endpoint`` … alike, and the Parquet files must go where the log goes."""
     return {s3_option_name(key): value for key, value in storage_options.items()}
-
-
-AZURE_SCHEMES = ("az", "azure", "abfs", "abfss", "adl")
-"""Azure Blob Storage / ADLS Gen2 table URIs (object_store's names): ``az://container/path``,
-``abfss://container@account.dfs.core.windows.net/path``."""
-GCS_SCHEMES = ("gs",)
-"""Google Cloud Storage table URIs: ``gs://bucket/path``."""
 
 
 _COMMIT_FILE = re.compile(r"^(\d{20})\.json$")

@@ -46,6 +46,14 @@ def s3_option_name(key: str) -> str:
     return key.lower().removeprefix("aws_")
 
 
+S3_SCHEMES = ("s3", "s3a")
+"""S3 table URIs: ``s3://bucket/path``."""
+AZURE_SCHEMES = ("az", "azure", "abfs", "abfss", "adl")
+"""Azure Blob Storage / ADLS Gen2 table URIs (object_store's names): ``az://container/path``,
+``abfss://container@account.dfs.core.windows.net/path``."""
+GCS_SCHEMES = ("gs",)
+"""Google Cloud Storage table URIs: ``gs://bucket/path``."""
+
 # Object-store URIs whose user part names a container, not a user (``abfss://container@account…``).
 _CONTAINER_USER_SCHEMES = frozenset({"abfs", "abfss", "az", "azure", "adl", "wasb", "wasbs"})
 
@@ -508,8 +516,9 @@ class Config:
             return self.dead_letters.table_uri
         uri = self.table.uri
         if TOPIC_PLACEHOLDER in uri:
-            parent = uri[: uri.rfind("/", 0, uri.index(TOPIC_PLACEHOLDER))]
-            return f"{parent}/_dead_letters" if parent else "_dead_letters"
+            # Found by review: "{topic}" alone gave "{topic/_dead_letters", and "/{topic}" a relative "_dead_letters".
+            cut = uri.rfind("/", 0, uri.index(TOPIC_PLACEHOLDER))
+            return f"{uri[:cut]}/_dead_letters" if cut >= 0 else "_dead_letters"
         return f"{uri.rstrip('/')}_dead_letters"
 
     def secret_values(self) -> list[str]:

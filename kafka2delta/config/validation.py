@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from urllib.parse import urlsplit
 
 from kafka2delta.config.sections import (
+    AZURE_SCHEMES,
+    GCS_SCHEMES,
     METADATA_COLUMNS,
+    S3_SCHEMES,
     TOPIC_PLACEHOLDER,
     Config,
     RouteConfig,
@@ -458,6 +462,14 @@ def _validate_routes(config: Config) -> None:
             "dead_letters.table_uri",
             "required when only [[routes]] name tables (table.uri is empty): where the daemon's dead letters go",
         )
+    check_table_uri("dead_letters.table_uri", config.dead_letters.table_uri)
+    table = urlsplit(config.table.uri)
+    if not config.dead_letters.table_uri and table.netloc and not table.path.strip("/"):
+        raise ConfigError(
+            "dead_letters.table_uri",
+            f"required for a table at the root of a bucket ({without_credentials(config.table.uri)}): the default "
+            f"<table.uri>_dead_letters would be another bucket, {without_credentials(config.dead_letter_table_uri)}",
+        )
     names: set[str] = set()
     for index, route in enumerate(config.routes):
         key = f"routes[{index}]"
@@ -480,6 +492,7 @@ def _validate_routes(config: Config) -> None:
         if not uri.strip():
             raise ConfigError(f"{key}.uri", "required (table.uri is empty)")
         _check_uri_template(f"{key}.uri", route.uri)
+        check_table_uri(f"{key}.dead_letter_table_uri", route.dead_letter_table_uri)
         schema_key = f"{key}.schema" if route.schema else "table.schema"
         columns = dict(route.schema or config.table.schema)
         try:
@@ -504,3 +517,24 @@ def _check_uri_template(key: str, uri: str) -> None:
     for placeholder in re.findall(r"\{[^}]*\}", uri):
         if placeholder != TOPIC_PLACEHOLDER:
             raise ConfigError(key, f"unknown placeholder {placeholder} (only {TOPIC_PLACEHOLDER})")
+    check_table_uri(key, uri.replace(TOPIC_PLACEHOLDER, "topic"))
+
+
+def check_table_uri(key: str, uri: str) -> None:
+    """A table URI names a place of its own: a bucket (or container) on an object store, a directory below the root
+    on local disk. Found by review: ``file://`` wrote the table into the working directory, ``s3://`` had no bucket,
+    and ``file://data/t`` names the host ``data``."""
+    if not uri:
+        return
+    parts = urlsplit(uri)
+    scheme = parts.scheme.lower()
+    if scheme in S3_SCHEMES + AZURE_SCHEMES + GCS_SCHEMES and not parts.netloc:
+        raise ConfigError(key, f"{uri!r} names no bucket (or container): e.g. {scheme}://bucket/path")
+    if scheme == "file" and parts.netloc:
+        raise ConfigError(
+            key,
+            f"{without_credentials(uri)!r} names the host {parts.netloc!r}: a local table is file:///absolute/path "
+            "(three slashes) or a plain path",
+        )
+    if scheme in ("", "file") and not parts.path.strip("/"):
+        raise ConfigError(key, f"{uri!r} is the root directory (or nothing): give the table a directory of its own")

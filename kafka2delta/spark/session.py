@@ -187,7 +187,7 @@ def spark_path(uri: str) -> str:
     """The table's location as Spark's Hadoop filesystems name it: absolute local paths, ``s3a://`` for ``s3://``."""
     if "://" not in uri:
         return str(Path(uri).resolve())
-    from kafka2delta.writer import AZURE_SCHEMES, GCS_SCHEMES
+    from kafka2delta.config.sections import AZURE_SCHEMES, GCS_SCHEMES
 
     scheme = uri.split("://", 1)[0].lower()
     if scheme in AZURE_SCHEMES + GCS_SCHEMES:

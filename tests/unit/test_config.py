@@ -100,6 +100,21 @@ GLUE_RAW = {"K2D_FORMAT__TYPE": "raw", "K2D_SCHEMA_REGISTRY__TYPE": "glue", "K2D
         # nan passes every range check (nan <= 0 is false): refused as no number.
         (MINIMAL, {"K2D_INGEST__ALLOWED_LATENCY_S": "nan"}, "ingest.allowed_latency_s", "a number"),
         (MINIMAL + "[schema_registry]\ntimeout_s = inf\n", {}, "schema_registry.timeout_s", "a number"),
+        (MINIMAL, {"K2D_INGEST__UNUSED_TABLE_CLOSE_S": "-1"}, "ingest.unused_table_close_s", "close at once"),
+        # Table URIs that name no place of their own.
+        (MINIMAL, {"K2D_TABLE__URI": "file://"}, "table.uri", "the root directory"),
+        (MINIMAL, {"K2D_TABLE__URI": "/"}, "table.uri", "the root directory"),
+        (MINIMAL, {"K2D_TABLE__URI": "file://data/t"}, "table.uri", "names the host 'data'"),
+        (MINIMAL, {"K2D_TABLE__URI": "s3://"}, "table.uri", "names no bucket"),
+        (MINIMAL, {"K2D_TABLE__URI": "az:///t/{topic}"}, "table.uri", "names no bucket"),
+        (MINIMAL, {"K2D_DEAD_LETTERS__TABLE_URI": "gs://"}, "dead_letters.table_uri", "names no bucket"),
+        (
+            MINIMAL,
+            {"K2D_ROUTES": '[{"topic": "events", "uri": "/t", "dead_letter_table_uri": "file:///"}]'},
+            "routes[0].dead_letter_table_uri",
+            "the root directory",
+        ),
+        (MINIMAL, {"K2D_TABLE__URI": "s3://lake/"}, "dead_letters.table_uri", "another bucket, s3://lake_dead_letters"),
     ],
 )
 def test_errors_name_the_key(tmp_path: Path, text: str, env: dict[str, str], key: str, words: str) -> None:
@@ -107,6 +122,22 @@ def test_errors_name_the_key(tmp_path: Path, text: str, env: dict[str, str], key
         load_config(write(tmp_path, text), environ=env)
     assert key in str(raised.value)
     assert words in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("uri", "dead_letters"),
+    [
+        ("s3://lake/raw/{topic}", "s3://lake/raw/_dead_letters"),
+        ("{topic}", "_dead_letters"),  # was "{topic/_dead_letters"
+        ("/{topic}", "/_dead_letters"),  # was the relative "_dead_letters"
+        ("s3://lake/orders", "s3://lake/orders_dead_letters"),
+    ],
+)
+def test_the_default_dead_letter_table(uri: str, dead_letters: str) -> None:
+    config = load_config(
+        None, environ={"K2D_KAFKA__BOOTSTRAP_SERVERS": "k:1", "K2D_KAFKA__TOPIC": "t", "K2D_TABLE__URI": uri}
+    )
+    assert config.dead_letter_table_uri == dead_letters
 
 
 @pytest.mark.parametrize("key", ["avro", "protobuf"])

@@ -323,11 +323,6 @@ def test_a_table_no_assigned_partition_writes_is_closed_and_reopened_from_its_lo
     assert b_series_reopened == []  # nothing committed to b yet at that step
 
 
-def test_unused_table_close_s_must_not_be_negative(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"ingest\.unused_table_close_s"):
-        tables_config(tmp_path, K2D_KAFKA__TOPIC="a", K2D_TABLE__URI="x", K2D_INGEST__UNUSED_TABLE_CLOSE_S="-1")
-
-
 # --- [routing] expression: one partition's messages split across tables ------------------------------
 
 
