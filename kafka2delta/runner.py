@@ -210,7 +210,8 @@ class Ingestor:
                         logger.info("caught up with the high watermarks seen at start: %s", _by_name(self._targets))
                         break
                 self._progress.maybe_log(self._progress_line)
-                self._tables.close_unused(self._partitions)
+                for uri in self._tables.close_unused(self._partitions):
+                    self._buffers.set_latency(uri, 0.0)  # a reopened table starts from allowed_latency_s again
             if self._stop_requested is not None:
                 self._say_stopping()
             self._flush("shutdown")

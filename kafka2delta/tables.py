@@ -11,7 +11,7 @@ from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 
 from kafka2delta.committer import Committer
-from kafka2delta.config import IngestConfig, table_key
+from kafka2delta.config import IngestConfig, table_key, without_credentials
 from kafka2delta.coordinator import Coordinator
 from kafka2delta.edges import DeadLetterProducer, DeadLetterStore, TableWriter
 from kafka2delta.encoded_rows import RowGroups
@@ -186,15 +186,16 @@ class Tables:
         self._dead_letter_tables[table_key(uri)] = opened
         return opened
 
-    def close_unused(self, assigned: Collection[TopicPartition]) -> None:
+    def close_unused(self, assigned: Collection[TopicPartition]) -> list[str]:
         """Close what no assigned partition has used for ``ingest.unused_table_close_s``: the tables of topics
         deleted or assigned to other daemons, with their coordinator sessions, status rows and metrics series (and
         those topics' series). The loop calls it between flushes, so nothing is buffered for them: their partitions'
         buffers went with the partitions. It looks once a second; the wait spares an eager rebalance (everything
-        revoked, then most of it assigned back) from reopening every table."""
+        revoked, then most of it assigned back) from reopening every table. Returns the closed tables' URIs
+        (``spec.uri``, as the loop names them)."""
         now = self._clock()
         if now < self._next_unused_check:
-            return
+            return []
         self._next_unused_check = now + 1.0
         held_topics = {tp.topic for tp in assigned}
         for topic in self._routers:
@@ -204,7 +205,7 @@ class Tables:
                 self._unheld_since.setdefault(topic, now)
         gone = [t for t, since in self._unheld_since.items() if now - since >= self._ingest.unused_table_close_s]
         if not gone:
-            return
+            return []
         for topic in gone:
             del self._routers[topic], self._unheld_since[topic]
         used = {table_key(sink.spec.uri) for tables in self._routers.values() for sink in tables.sinks}
@@ -213,19 +214,25 @@ class Tables:
             del self._sinks[table_key(sink.spec.uri)]
             if sink.coordinator is not None:
                 sink.coordinator.close()
-            self._board.table_closed(sink.name)
+            uri = without_credentials(sink.spec.uri)
             logger.info(
                 "closed table %s: no assigned partition has written it for %g s (its topics deleted or assigned to "
                 "another daemon); a partition assigned again reopens it",
-                sink.name,
+                uri if sink.name == sink.spec.uri else f"{sink.name} ({uri})",
                 self._ingest.unused_table_close_s,
             )
+        # A route's name labels every table its {topic} URI makes: a name goes when its last table does (found by
+        # review: closing one table of a route removed the live series of the others).
+        names = {sink.name for sink in closed} - {sink.name for sink in self._sinks.values()}
+        for name in names:
+            self._board.table_closed(name)
         letters_used = {table_key(self._routes.default_dead_letter_uri)}
         letters_used.update(table_key(sink.dead_letters.uri) for sink in self._sinks.values())
         for key in [key for key in self._dead_letter_tables if key not in letters_used]:
             del self._dead_letter_tables[key]
-        self._metrics.released(topics=gone, tables=[sink.name for sink in closed])
+        self._metrics.released(topics=gone, tables=names)
         logger.info("released topics %s: no partition of theirs is assigned here", ", ".join(sorted(gone)))
+        return [sink.spec.uri for sink in closed]
 
     def __getitem__(self, uri: str) -> TableSink:
         return self._sinks[table_key(uri)]

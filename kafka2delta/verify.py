@@ -42,7 +42,7 @@ from kafka2delta.records import PartitionMessages
 from kafka2delta.routing import Routes, TableSpec
 from kafka2delta.schema import parse_schema
 from kafka2delta.verify_changes import ChangesReport, check_upsert_table
-from kafka2delta.verify_deletes import Deletions, deleted_rows
+from kafka2delta.verify_deletes import DeletingCommit, Deletions, deleted_rows
 from kafka2delta.verify_reading import (
     Deadline,
     TableSnapshot,
@@ -116,11 +116,13 @@ class Report:
     dead_letter_version: int | None = None
     untraced: int = 0
     """Rows of the topic with no partition or offset recorded (written before ``metadata_columns`` named them)."""
-    deleted_by_version: dict[str, dict[int, int]] = field(default_factory=dict)
-    """Per table URI, the rows of the topic each later deleting commit took out, by table version (looked up only
+    deleted_by_version: dict[str, dict[int, DeletingCommit]] = field(default_factory=dict)
+    """Per table URI, what each later deleting commit took out of the topic's rows, by table version (looked up only
     when offsets are missing)."""
-    deletes_unreadable: dict[str, list[int]] = field(default_factory=dict)
-    """Per table URI, versions that deleted rows from files VACUUM has removed since: what they deleted is unknown."""
+    deletes_unreadable: dict[str, dict[int, str]] = field(default_factory=dict)
+    """Per table URI, deleting commits whose rows cannot be told (files vacuumed, deletion vectors), and why."""
+    log_starts_at: dict[str, int] = field(default_factory=dict)
+    """Per table URI looked at for deletions, the first version its log still has (earlier ones: cleaned up)."""
 
     @property
     def lost(self) -> int:
@@ -215,13 +217,16 @@ class Report:
             lines.append(f"gaps in the dead-letter table's log versions: {self.dead_letter_log_gaps[:_SHOWN]}")
         for uri, by_version in self.deleted_by_version.items():
             if by_version:
-                shown = ", ".join(f"v{v}: {n}" for v, n in sorted(by_version.items())[:_SHOWN])
+                shown = ", ".join(f"v{v} {c.operation} {c.rows}" for v, c in sorted(by_version.items())[:_SHOWN])
                 lines.append(f"rows of the topic later commits deleted from {uri}: {shown}")
-        for uri, versions in self.deletes_unreadable.items():
-            if versions:
+        for uri, unreadable in self.deletes_unreadable.items():
+            for at, why in sorted(unreadable.items())[:_SHOWN]:
+                lines.append(f"what v{at} of {uri} deleted cannot be told from lost rows ({why})")
+        for uri, first in self.log_starts_at.items():
+            if first and self.lost:
                 lines.append(
-                    f"versions {versions[:_SHOWN]} of {uri} deleted rows from files VACUUM has removed since: what "
-                    "they deleted cannot be told from lost rows (run verify before VACUUM)"
+                    f"the log of {uri} starts at v{first} (older entries cleaned up): what earlier commits deleted "
+                    "cannot be told from lost rows"
                 )
         totals = (
             f"{sum(p.produced for p in self.partitions)} messages: {sum(p.rows for p in self.partitions)} rows, "
@@ -575,12 +580,19 @@ def _check_topic(
     if any(p.missing for p in partition_reports):  # rows a later commit deleted? (reads the tables' history)
         deletions = {
             s.uri: deleted_rows(
-                t.uri, options, t.version, "kafka_partition", "kafka_offset", rows_of_this_topic(s), ("kafka_topic",)
+                t.uri,
+                options,
+                t.version,
+                "kafka_partition",
+                "kafka_offset",
+                rows_of_this_topic(s),
+                ("kafka_topic",),
+                deadline,
             )
             for s, t in zip(specs, tables, strict=True)
             if t.version is not None
         }
-        if letters.version is not None:  # dead letters erased by hand (GDPR, docs/MAINTENANCE.md)
+        if letters.version is not None:  # dead letters erased by hand (the GDPR step of docs/MAINTENANCE.md)
             deletions[dead_letter_uri] = deleted_rows(
                 dead_letter_uri,
                 options,
@@ -589,6 +601,7 @@ def _check_topic(
                 "offset",
                 lambda schema: dead_letter_filter(dead_letter_app_ids, topic),
                 ("app_id", "topic"),
+                deadline,
             )
         deleted: dict[int, np.ndarray] = {}
         for found in deletions.values():
@@ -607,6 +620,7 @@ def _check_topic(
         untraced=main.untraced,
         deleted_by_version={uri: found.by_version for uri, found in deletions.items()},
         deletes_unreadable={uri: found.unreadable for uri, found in deletions.items()},
+        log_starts_at={uri: found.log_starts_at for uri, found in deletions.items()},
     )
 
 

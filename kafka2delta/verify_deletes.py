@@ -1,13 +1,17 @@
 """Rows a later commit deleted, for ``kafka2delta verify``: what ``jobs ttl``, a ``jobs mutate`` DELETE or anyone's
-DELETE, MERGE or overwrite took out of a table after the daemon wrote them. Verify counts their offsets as deleted,
-not missing.
+DELETE, MERGE or UPDATE took out of a table after the daemon wrote them. Verify counts their offsets as deleted, not
+missing.
 
 A commit that deletes rows removes the files holding them (``remove`` with ``dataChange = true``) and adds back
-the rows it keeps (a rewritten file); an UPDATE adds every row back, compaction's actions change no data. So the
-rows a commit deleted are those of its removed files less those of its added files, by partition and offset. The
-daemon's own commits (their ``commitInfo`` says ``kafka2delta``) remove nothing from an append table, and OPTIMIZE
-and VACUUM delete no row: their log entries are not read. A removed file stays on storage until VACUUM; once it is
-gone what its commit deleted cannot be told, and the report names that commit.
+the rows it keeps (a rewritten file). So the rows a commit deleted are those of its removed files less those of its
+added files, by partition and offset. Only the operations meant to delete rows count: DELETE, MERGE, UPDATE, and an
+overwrite with a predicate (``replaceWhere``). A RESTORE, a whole-table overwrite or any other commit that removed
+files explains nothing: rows it took out stay missing, as a loss would. Three things make a deleting commit's rows
+unknown, and the report names them: VACUUM having removed its files, a deletion vector (this reader does not apply
+them; the daemon's tables have none), and a log cleaned up before it (``delta.logRetentionDuration``).
+
+The cost: the commit info of every log version the table keeps (one read each; deltalake reads them), and the data
+files of the deleting commits. It is paid only when offsets are missing.
 """
 
 from __future__ import annotations
@@ -27,10 +31,18 @@ from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
 
 from kafka2delta.errors import RetryableError
+from kafka2delta.verify_reading import Deadline
 from kafka2delta.writer import table_filesystem
 
-# Operations that never delete a row: their log entries are not read (a table's history is mostly these).
-_KEEPS_ROWS = frozenset({"OPTIMIZE", "VACUUM START", "VACUUM END", "SET TBLPROPERTIES", "ADD COLUMNS"})
+_DELETING = frozenset({"DELETE", "MERGE", "UPDATE"})
+"""Operations meant to delete (or may delete) rows; an overwrite counts only with a predicate (see _deletes)."""
+
+
+@dataclass(frozen=True)
+class DeletingCommit:
+    operation: str
+    rows: int
+    """Rows of the checked topic it took out."""
 
 
 @dataclass
@@ -38,10 +50,11 @@ class Deletions:
     """The offsets of rows that commits up to a table version deleted, by Kafka partition."""
 
     offsets: dict[int, np.ndarray] = field(default_factory=dict)
-    by_version: dict[int, int] = field(default_factory=dict)
-    """Rows of the checked topic each deleting commit took out, by table version."""
-    unreadable: list[int] = field(default_factory=list)
-    """Versions that removed files no longer on storage (VACUUM): what they deleted cannot be told."""
+    by_version: dict[int, DeletingCommit] = field(default_factory=dict)
+    unreadable: dict[int, str] = field(default_factory=dict)
+    """Deleting commits whose rows cannot be told, by version: why (files vacuumed, deletion vectors …)."""
+    log_starts_at: int = 0
+    """The first version the log still has: what earlier commits deleted cannot be told."""
 
 
 def deleted_rows(
@@ -52,6 +65,7 @@ def deleted_rows(
     offset_column: str,
     where: Callable[[pa.Schema], pc.Expression | None],
     where_columns: tuple[str, ...],
+    deadline: Deadline,
 ) -> Deletions:
     """What the commits of ``uri`` up to ``version`` deleted of the rows ``where`` selects (the checked topic's),
     reading ``where_columns`` for it."""
@@ -62,25 +76,30 @@ def deleted_rows(
     except (DeltaError, OSError) as exc:
         raise RetryableError(f"reading the history of {uri}: {exc}") from exc
     filesystem, root = table_filesystem(uri, storage_options)
-    columns = (partition_column, offset_column)
-    read = _Read(filesystem, root, columns, where, where_columns)
-    found = Deletions()
+    read = _Read(filesystem, root, (partition_column, offset_column), where, where_columns)
+    found = Deletions(log_starts_at=min((int(e["version"]) for e in history), default=0))
     pieces: list[pa.Table] = []
     for entry in sorted(history, key=lambda e: int(e["version"])):
-        if int(entry["version"]) > version or "kafka2delta" in entry or entry.get("operation") in _KEEPS_ROWS:
+        at = int(entry["version"])
+        if at > version or "kafka2delta" in entry or not _deletes(entry):
             continue
-        removed, added = _data_files(filesystem, root, int(entry["version"]))
-        if not removed:
-            continue
+        deadline.wait(0, lambda at=at: f"reading what version {at} of {uri} deleted")  # type: ignore[misc]
         try:
+            removed, added = _data_files(filesystem, root, at)
+            if any("deletionVector" in action and action["deletionVector"] for action in (*removed, *added)):
+                found.unreadable[at] = "deletion vectors"
+                continue
             gone = read.rows(removed)
+            kept = read.rows(added)
         except FileNotFoundError:
-            found.unreadable.append(int(entry["version"]))
+            found.unreadable[at] = "its files were vacuumed"
             continue
-        kept = read.rows(added) if added else gone.slice(0, 0)
+        except (pa.ArrowException, ValueError) as exc:  # a corrupt file or log entry: named, not fatal to the check
+            found.unreadable[at] = f"unreadable: {exc}"
+            continue
         deleted = _minus(gone, kept)
         if deleted.num_rows:
-            found.by_version[int(entry["version"])] = deleted.num_rows
+            found.by_version[at] = DeletingCommit(str(entry.get("operation")), deleted.num_rows)
             pieces.append(deleted)
     if pieces:
         rows = pa.concat_tables(pieces)
@@ -89,16 +108,31 @@ def deleted_rows(
     return found
 
 
+def _deletes(entry: Mapping[str, Any]) -> bool:
+    """Whether a commit was meant to delete rows (found by review: a RESTORE counted as deletions hid a real loss)."""
+    operation = str(entry.get("operation", ""))
+    if operation in _DELETING:
+        return True
+    parameters = entry.get("operationParameters") or {}
+    # An overwrite of what a predicate selects (Spark's replaceWhere, delta-rs's predicate): a deliberate delete.
+    return (
+        operation == "WRITE"
+        and str(parameters.get("mode", "")).lower() == "overwrite"
+        and bool(parameters.get("predicate"))
+    )
+
+
 def _data_files(
     filesystem: pa_fs.FileSystem, root: str, version: int
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The ``remove`` and ``add`` actions of one commit that change data."""
+    """The ``remove`` and ``add`` actions of one commit that change data. ValueError for a log entry that is not
+    JSON; FileNotFoundError when the entry is gone."""
     path = f"{root.rstrip('/')}/_delta_log/{version:020d}.json"
     try:
         with filesystem.open_input_stream(path) as stream:
             text = stream.read().decode()
     except FileNotFoundError:
-        return [], []  # log entries before the last checkpoint, cleaned up: history() did not list them either
+        raise
     except OSError as exc:
         raise RetryableError(f"reading {path}: {exc}") from exc
     removed: list[dict[str, Any]] = []

@@ -36,6 +36,7 @@ from kafka2delta.verify import (
     rows_beyond_txn,
 )
 from kafka2delta.verify_changes import ChangesReport, dead_letter_offsets
+from kafka2delta.verify_deletes import DeletingCommit
 from kafka2delta.verify_reading import Deadline, is_compacted, read_table
 from kafka2delta.writer import LEGACY_OWNER_PROPERTY
 from tests.support.debezium import change_batch, change_config
@@ -330,12 +331,9 @@ def test_a_dead_letter_table_storage_cannot_read_is_a_check_not_made(tmp_path: P
 # --- rows a later commit deleted (jobs ttl, a mutate DELETE) ----------------------------------------
 
 
-def test_rows_a_later_delete_took_out_are_counted_as_deleted_until_vacuum_removes_their_files(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A DELETE (as `jobs ttl` makes) takes rows out after the daemon wrote them: they are deleted, not lost, while
-    the files it removed are on storage, and so is a dead letter erased by hand; compaction and an outside append
-    change nothing; after VACUUM the report fails and says why."""
+def _ingested_with_a_dead_letter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Config:
+    """Topic a (2 partitions, offsets 0..5, and a dead letter at 1:6) ingested into <tmp_path>/a; verify reads a fake
+    of the topic."""
     config = tables_config(tmp_path, K2D_KAFKA__TOPIC="a", K2D_TABLE__URI=str(tmp_path / "a"))
     a0, a1 = TopicPartition("a", 0), TopicPartition("a", 1)
     documents: dict[int, list[dict[str, Any]]] = {p: [{"id": f"p{p}-{o}"} for o in range(6)] for p in (0, 1)}
@@ -350,7 +348,16 @@ def test_rows_a_later_delete_took_out_are_counted_as_deleted_until_vacuum_remove
     serve_topics(monkeypatch, {"a": served})
     [report] = check(config)
     assert isinstance(report, Report) and report.ok and report.deleted_by_version == {}
+    return config
 
+
+def test_rows_a_later_delete_took_out_are_counted_as_deleted_until_vacuum_removes_their_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A DELETE (as `jobs ttl` makes) takes rows out after the daemon wrote them: they are deleted, not lost, while
+    the files it removed are on storage, and so is a dead letter erased by hand; compaction and an outside append
+    change nothing; after VACUUM the report fails and says why."""
+    config = _ingested_with_a_dead_letter(tmp_path, monkeypatch)
     uri = str(tmp_path / "a")
     DeltaTable(uri).delete("id IN ('p0-1', 'p0-4', 'p1-2')")
     deleting = DeltaTable(uri).version()
@@ -362,15 +369,49 @@ def test_rows_a_later_delete_took_out_are_counted_as_deleted_until_vacuum_remove
     [report] = check(config)
     assert isinstance(report, Report) and report.ok, report.render()
     assert [(p.partition, p.deleted, p.missing) for p in report.partitions] == [(0, 2, []), (1, 2, [])]
-    assert report.deleted_by_version == {uri: {deleting: 3}, letters: {erasing: 1}}
-    assert report.deletes_unreadable == {uri: [], letters: []}
+    assert report.deleted_by_version == {
+        uri: {deleting: DeletingCommit("DELETE", 3)},
+        letters: {erasing: DeletingCommit("DELETE", 1)},
+    }
+    assert report.deletes_unreadable == {uri: {}, letters: {}} and report.log_starts_at == {uri: 0, letters: 0}
     text = report.render()
-    assert f"later commits deleted from {uri}: v{deleting}: 3" in text
+    assert f"later commits deleted from {uri}: v{deleting} DELETE 3" in text
     assert text.splitlines()[-1] == "OK: lost 0, duplicated 0 (deleted later 4)"
-    assert json.loads(report.to_json())["deleted"] == 4
+    data = json.loads(report.to_json())
+    assert data["deleted"] == 4 and data["deleted_by_version"][uri] == {
+        str(deleting): {"operation": "DELETE", "rows": 3}
+    }
 
     DeltaTable(uri).vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
     [report] = check(config)
     assert isinstance(report, Report) and not report.ok and report.lost == 3  # the dead letter's files are there
-    assert report.deletes_unreadable == {uri: [deleting], letters: []}
-    assert f"versions [{deleting}] of {uri} deleted rows from files VACUUM has removed since" in report.render()
+    assert report.deletes_unreadable == {uri: {deleting: "its files were vacuumed"}, letters: {}}
+    assert (
+        f"what v{deleting} of {uri} deleted cannot be told from lost rows (its files were vacuumed)" in report.render()
+    )
+
+
+def test_a_restore_that_took_rows_out_is_a_loss_not_a_deletion(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by review: every outside commit that removed files counted as deletions, so a RESTORE to before the
+    daemon's commits (its txns stay, the daemon never writes those rows again) passed as OK."""
+    config = _ingested_with_a_dead_letter(tmp_path, monkeypatch)
+    uri = str(tmp_path / "a")
+    DeltaTable(uri).restore(0)
+    [report] = check(config)
+    assert isinstance(report, Report) and not report.ok and report.lost > 0 and report.deleted_by_version[uri] == {}
+
+
+def test_deletions_before_a_cleaned_up_log_are_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by review: once the log entry of a DELETE is cleaned up (delta.logRetentionDuration), its rows count as
+    lost with nothing said."""
+    config = _ingested_with_a_dead_letter(tmp_path, monkeypatch)
+    uri = str(tmp_path / "a")
+    DeltaTable(uri).delete("id = 'p0-1'")
+    table = DeltaTable(uri)
+    table.alter.set_table_properties({"delta.logRetentionDuration": "interval 0 seconds"})
+    DeltaTable(uri).create_checkpoint()
+    DeltaTable(uri).cleanup_metadata()
+    [report] = check(config)
+    first = report.log_starts_at[uri] if isinstance(report, Report) else -1
+    assert isinstance(report, Report) and not report.ok and report.lost == 1 and first > 0, report.render()
+    assert f"the log of {uri} starts at v{first} (older entries cleaned up)" in report.render()
