@@ -36,8 +36,9 @@ from kafka2delta.spark.change_merge import (
     sql_literal,
 )
 from kafka2delta.spark.errors import ConflictingCommit
-from kafka2delta.spark.jobs import StreamingJob, TurnJob, TurnStats, check_job_name, check_not_changelog
+from kafka2delta.spark.jobs import StreamingJob, check_job_name, check_not_changelog
 from kafka2delta.spark.mutations import Target
+from tests.support.spark_turns import FlakyTurn
 
 TEXT = f"'{UNAVAILABLE_VALUE}'"
 
@@ -160,61 +161,29 @@ def test_mutate_and_ttl_refuse_a_changelog_table(tmp_path: Path) -> None:
     check_not_changelog(_config(tmp_path, TABLE__MODE="upsert", TABLE__KEY="id"), "ttl")
 
 
-class FlakyStorage(TurnJob[TurnStats]):
+def flaky_storage(config: Config) -> FlakyTurn:
     """A turn whose storage fails once (a Delta log that cannot be read), then works."""
-
-    def __init__(self, config: Config) -> None:
-        target = Target(str(Path("/nonexistent/t")))
-        super().__init__(
-            Session(),  # type: ignore[arg-type]
-            config,
-            Coordinator(NoBackend(), "t"),
-            name="flaky",
-            target=target,
-            checkpoint="/nonexistent/checkpoint",
-            stats=TurnStats(),
-            step="jobs flaky",
-        )
-        self.failures = 1
-
-    def check_target(self) -> None:
-        pass
-
-    def table_stats(self) -> None:
-        return None
-
-    def work(self) -> None:
-        if self.failures:
-            self.failures -= 1
-            raise RetryableError("reading the Delta log of /nonexistent/t: connection reset")
+    return FlakyTurn(Session(), config, RetryableError("reading the Delta log of /nonexistent/t: connection reset"))
 
 
 def test_a_storage_error_fails_the_turn_not_the_job(tmp_path: Path) -> None:
-    job = FlakyStorage(_config(tmp_path))
+    job = flaky_storage(_config(tmp_path))
     report = job.run(available_now=True, interval_s=0)
     assert report.status == "ok" and report.details["conflicts"] == 1 and report.details["turns"] == 1
 
 
 def test_storage_failing_turn_after_turn_stops_a_continuous_job(tmp_path: Path) -> None:
     # A refusal that lasts (a revoked credential) must end the job, not warn at every interval forever.
-    job = FlakyStorage(_config(tmp_path))
+    job = flaky_storage(_config(tmp_path))
     job.failures = 10
     with pytest.raises(RetryableError, match="connection reset"):
         job.run(interval_s=0, max_attempts=3)
     assert job.failures == 7 and job.stats.conflicts == 3
 
 
-class Conflicting(FlakyStorage):
-    """Loses every commit to another writer (no coordinator): normal, never the end of a continuous job."""
-
-    def work(self) -> None:
-        if self.failures:
-            self.failures -= 1
-            raise ConflictingCommit("jobs flaky", "ConcurrentAppendException")
-
-
 def test_conflicts_turn_after_turn_do_not_stop_a_continuous_job(tmp_path: Path) -> None:
-    job = Conflicting(_config(tmp_path))
+    # Losing every commit to another writer (no coordinator) is normal, never the end of a continuous job.
+    job = FlakyTurn(Session(), _config(tmp_path), ConflictingCommit("jobs flaky", "ConcurrentAppendException"))
     job.failures = 10
     report = job.run(interval_s=0, max_attempts=3, max_turns=12)
     assert job.failures == 0 and report.details["conflicts"] == 10 and report.details["turns"] == 2

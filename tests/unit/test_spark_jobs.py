@@ -26,12 +26,13 @@ from kafka2delta.coordinator import Coordinator, NoBackend
 from kafka2delta.errors import ConfigError
 from kafka2delta.spark import commands, maintenance, tables
 from kafka2delta.spark.errors import ConflictingCommit, SourceSchemaChanged, SparkJobError, translate
-from kafka2delta.spark.jobs import StreamingJob, TurnJob, TurnStats, may_hold_rows_before
+from kafka2delta.spark.jobs import StreamingJob, TurnJob, may_hold_rows_before
 from kafka2delta.spark.maintenance import interval_hours, retention_check_off, vacuum
-from kafka2delta.spark.mutations import Target, retention_bound, retention_predicate
+from kafka2delta.spark.mutations import retention_bound, retention_predicate
 from kafka2delta.spark.report import Report
 from kafka2delta.spark.session import spark_path
 from kafka2delta.writer import table_filesystem
+from tests.support.spark_turns import FlakyTurn
 
 
 def _config(**env: str) -> Config:
@@ -147,39 +148,12 @@ def test_a_schema_changed_since_analysis_fails_the_turn_not_the_job() -> None:
     assert "optimize on /lake/t failed" in str(translate(RuntimeError("boom"), "optimize", "/lake/t"))
 
 
-class _Job(TurnJob[TurnStats]):
-    """A turn whose work fails ``failures`` times with ``error``, then works; ``stop``, if given, is set at the last
-    failure (a SIGTERM during that turn)."""
-
-    def __init__(self, config: Config, error: Exception, failures: int = 1, stop: threading.Event | None = None):
-        super().__init__(
-            Session(),  # type: ignore[arg-type]
-            config,
-            Coordinator(NoBackend(), "t"),
-            name="flaky",
-            target=Target("s3://AKIA:secret@lake/events"),
-            checkpoint="/nonexistent/checkpoint",
-            stats=TurnStats(),
-            step="jobs flaky",
-        )
-        self.error, self.failures, self.stop = error, failures, stop
-
-    def check_target(self) -> None:
-        pass
-
-    def table_stats(self) -> None:
-        return None
-
-    def work(self) -> None:
-        if self.failures:
-            self.failures -= 1
-            if self.stop is not None and not self.failures:
-                self.stop.set()
-            raise self.error
+def _job(error: Exception, failures: int = 1, stop: threading.Event | None = None) -> FlakyTurn:
+    return FlakyTurn(Session(), _config(), error, failures=failures, stop=stop, target="s3://AKIA:secret@lake/events")
 
 
 def test_a_jobs_spark_error_names_its_table() -> None:
-    job = _Job(_config(), PySparkException("[DELTA_CONCURRENT_APPEND] Files were added"))
+    job = _job(PySparkException("[DELTA_CONCURRENT_APPEND] Files were added"))
     with pytest.raises(ConflictingCommit, match=r"jobs flaky on s3://AKIA:\*\*\*@lake/events: conflicting"):
         job.run_turn()
 
@@ -189,13 +163,13 @@ def test_a_jobs_spark_error_names_its_table() -> None:
 
 def test_a_job_stopped_after_a_failed_turn_reports_failed() -> None:
     conflict = PySparkException("[DELTA_CONCURRENT_APPEND] Files were added")
-    report = _Job(_config(), conflict, failures=3).run(interval_s=0, max_turns=3)
+    report = _job(conflict, failures=3).run(interval_s=0, max_turns=3)
     assert report.status == "failed" and "the last turn failed" in report.reason and "conflicting" in report.reason
     stop = threading.Event()
-    stopped = _Job(_config(), conflict, failures=1, stop=stop).run(interval_s=0, stop=stop)
+    stopped = _job(conflict, failures=1, stop=stop).run(interval_s=0, stop=stop)
     assert stopped.status == "failed" and stopped.details["conflicts"] == 1
     # A failed turn made up for by a later one is no failure.
-    assert _Job(_config(), conflict, failures=2).run(interval_s=0, max_turns=3).status == "ok"
+    assert _job(conflict, failures=2).run(interval_s=0, max_turns=3).status == "ok"
 
 
 @pytest.fixture
