@@ -58,6 +58,8 @@ from kafka2delta.writer import log_versions
 
 logger = logging.getLogger(__name__)
 
+Where = Callable[[pa.Schema], pc.Expression | None]
+
 _SHOWN = 20  # offsets listed per problem in the text report (the JSON report has them all)
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_UNCHECKED = 0, 1, 2, 3
 
@@ -496,7 +498,7 @@ def _check_topic(
     bootstrap = config.kafka.bootstrap_servers
     partitions = topic_partitions(bootstrap, topic, settings)
 
-    def rows_of_this_topic(table: TableSpec) -> Callable[[pa.Schema], pc.Expression | None]:
+    def rows_of_this_topic(table: TableSpec) -> Where:
         def where(schema: pa.Schema) -> pc.Expression | None:
             if "kafka_topic" not in schema.names:
                 return None
@@ -578,35 +580,28 @@ def _check_topic(
     partition_reports = compare(offsets, main.rows, letters.rows, main.txns, letters.txns, beyond_txn)
     deletions: dict[str, Deletions] = {}
     if any(p.missing for p in partition_reports):  # rows a later commit deleted? (reads the tables' history)
-        deletions = {
-            s.uri: deleted_rows(
-                t.uri,
-                options,
-                t.version,
-                "kafka_partition",
-                "kafka_offset",
-                rows_of_this_topic(s),
-                ("kafka_topic",),
-                deadline,
-            )
-            for s, t in zip(specs, tables, strict=True)
-            if t.version is not None
-        }
-        if letters.version is not None:  # dead letters erased by hand (the GDPR step of docs/MAINTENANCE.md)
-            deletions[dead_letter_uri] = deleted_rows(
-                dead_letter_uri,
-                options,
-                letters.version,
-                "partition",
-                "offset",
-                lambda schema: dead_letter_filter(dead_letter_app_ids, topic),
-                ("app_id", "topic"),
-                deadline,
-            )
+        missing = {p.partition: np.array(p.missing, np.int64) for p in partition_reports if p.missing}
         deleted: dict[int, np.ndarray] = {}
-        for found in deletions.values():
+
+        def look(
+            uri: str, version: int, columns: tuple[str, str], where: Where, where_columns: tuple[str, ...]
+        ) -> None:
+            left = {p: np.setdiff1d(o, deleted.get(p, np.empty(0, np.int64))) for p, o in missing.items()}
+            if not any(o.size for o in left.values()):
+                return  # all explained already: this table's log is not read
+            found = deleted_rows(uri, options, version, *columns, where, where_columns, left, deadline)
+            deletions[uri] = found
             for partition, gone in found.offsets.items():
                 deleted[partition] = np.union1d(deleted.get(partition, np.empty(0, np.int64)), gone)
+
+        # The dead-letter table first: its log is short (a commit only when messages fail), and what it explains
+        # may spare reading the tables' long ones.
+        if letters.version is not None:  # dead letters erased by hand (the GDPR step of docs/MAINTENANCE.md)
+            where_letters: Where = lambda schema: dead_letter_filter(dead_letter_app_ids, topic)  # noqa: E731
+            look(dead_letter_uri, letters.version, ("partition", "offset"), where_letters, ("app_id", "topic"))
+        for s, t in zip(specs, tables, strict=True):
+            if t.version is not None:
+                look(t.uri, t.version, ("kafka_partition", "kafka_offset"), rows_of_this_topic(s), ("kafka_topic",))
         partition_reports = compare(offsets, main.rows, letters.rows, main.txns, letters.txns, beyond_txn, deleted)
     return Report(
         topic,

@@ -10,8 +10,9 @@ files explains nothing: rows it took out stay missing, as a loss would. Three th
 unknown, and the report names them: VACUUM having removed its files, a deletion vector (this reader does not apply
 them; the daemon's tables have none), and a log cleaned up before it (``delta.logRetentionDuration``).
 
-The cost: the commit info of every log version the table keeps (one read each; deltalake reads them), and the data
-files of the deleting commits. It is paid only when offsets are missing.
+The cost: the commit info of the log's versions, newest first, until every missing offset is explained (one read a
+version; all of them when some are not), and the data files of the deleting commits. It is paid only when offsets are
+missing.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from kafka2delta.errors import RetryableError
 from kafka2delta.verify_reading import Deadline
 from kafka2delta.writer import table_filesystem
 
+_FIRST_PAGE = 1000  # log versions read first, newest first; then 4 times as many, and so on
 _DELETING = frozenset({"DELETE", "MERGE", "UPDATE"})
 """Operations meant to delete (or may delete) rows; an overwrite counts only with a predicate (see _deletes)."""
 
@@ -65,47 +67,74 @@ def deleted_rows(
     offset_column: str,
     where: Callable[[pa.Schema], pc.Expression | None],
     where_columns: tuple[str, ...],
+    missing: Mapping[int, np.ndarray],
     deadline: Deadline,
 ) -> Deletions:
     """What the commits of ``uri`` up to ``version`` deleted of the rows ``where`` selects (the checked topic's),
-    reading ``where_columns`` for it."""
+    reading ``where_columns`` for it. The log is read newest first, a page at a time, until every offset of
+    ``missing`` is found deleted or the log ends: deletions are usually recent, and a long log costs one read a
+    version."""
     try:
-        # The newest history, cut at ``version``: deltalake 1.6's history() of a table loaded at an older version
-        # lists every commit anyway, numbered down from that version (wrongly).
-        history = DeltaTable(uri, storage_options=dict(storage_options) or None).history()
+        table = DeltaTable(uri, storage_options=dict(storage_options) or None)
     except (DeltaError, OSError) as exc:
         raise RetryableError(f"reading the history of {uri}: {exc}") from exc
     filesystem, root = table_filesystem(uri, storage_options)
     read = _Read(filesystem, root, (partition_column, offset_column), where, where_columns)
-    found = Deletions(log_starts_at=min((int(e["version"]) for e in history), default=0))
+    found = Deletions()
     pieces: list[pa.Table] = []
-    for entry in sorted(history, key=lambda e: int(e["version"])):
-        at = int(entry["version"])
-        if at > version or "kafka2delta" in entry or not _deletes(entry):
-            continue
-        deadline.wait(0, lambda at=at: f"reading what version {at} of {uri} deleted")  # type: ignore[misc]
+    looked: set[int] = set()
+    limit = _FIRST_PAGE
+    while True:
         try:
-            removed, added = _data_files(filesystem, root, at)
-            if any("deletionVector" in action and action["deletionVector"] for action in (*removed, *added)):
-                found.unreadable[at] = "deletion vectors"
+            # The newest history, cut at ``version``: deltalake 1.6's history() of a table loaded at an older version
+            # lists every commit anyway, numbered down from that version (wrongly).
+            history = table.history(limit)
+        except (DeltaError, OSError) as exc:
+            raise RetryableError(f"reading the history of {uri}: {exc}") from exc
+        for entry in history:
+            at = int(entry["version"])
+            if at in looked:
                 continue
-            gone = read.rows(removed)
-            kept = read.rows(added)
-        except FileNotFoundError:
-            found.unreadable[at] = "its files were vacuumed"
-            continue
-        except (pa.ArrowException, ValueError) as exc:  # a corrupt file or log entry: named, not fatal to the check
-            found.unreadable[at] = f"unreadable: {exc}"
-            continue
-        deleted = _minus(gone, kept)
-        if deleted.num_rows:
-            found.by_version[at] = DeletingCommit(str(entry.get("operation")), deleted.num_rows)
-            pieces.append(deleted)
-    if pieces:
-        rows = pa.concat_tables(pieces)
-        partitions, offsets = rows.column(0).to_numpy(), rows.column(1).to_numpy()
-        found.offsets = {int(p): np.unique(offsets[partitions == p]) for p in np.unique(partitions)}
-    return found
+            looked.add(at)
+            if at <= version and "kafka2delta" not in entry and _deletes(entry):
+                deleted = _deleted_by(read, filesystem, root, at, found, deadline, uri)
+                if deleted is not None and deleted.num_rows:
+                    found.by_version[at] = DeletingCommit(str(entry.get("operation")), deleted.num_rows)
+                    pieces.append(deleted)
+        if pieces:
+            rows = pa.concat_tables(pieces)
+            partitions, offsets = rows.column(0).to_numpy(), rows.column(1).to_numpy()
+            found.offsets = {int(p): np.unique(offsets[partitions == p]) for p in np.unique(partitions)}
+        if len(history) < limit:  # the whole log read
+            found.log_starts_at = min(looked, default=0)
+            return found
+        if all(np.isin(offsets, found.offsets.get(p, ())).all() for p, offsets in missing.items()):
+            return found
+        limit *= 4
+
+
+def _deleted_by(
+    read: _Read,
+    filesystem: pa_fs.FileSystem,
+    root: str,
+    at: int,
+    found: Deletions,
+    deadline: Deadline,
+    uri: str,
+) -> pa.Table | None:
+    """The (partition, offset) of the rows version ``at`` deleted; None, noted in ``found``, when it cannot be told."""
+    deadline.wait(0, lambda: f"reading what version {at} of {uri} deleted")
+    try:
+        removed, added = _data_files(filesystem, root, at)
+        if any(action.get("deletionVector") for action in (*removed, *added)):
+            found.unreadable[at] = "deletion vectors"
+            return None
+        return _minus(read.rows(removed), read.rows(added))
+    except FileNotFoundError:
+        found.unreadable[at] = "its files were vacuumed"
+    except (pa.ArrowException, ValueError) as exc:  # a corrupt file or log entry: named, not fatal to the check
+        found.unreadable[at] = f"unreadable: {exc}"
+    return None
 
 
 def _deletes(entry: Mapping[str, Any]) -> bool:

@@ -16,7 +16,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
-from kafka2delta import verify, verify_reading
+from kafka2delta import verify, verify_deletes, verify_reading
 from kafka2delta.cli import build_pipeline
 from kafka2delta.config import Config, load_config
 from kafka2delta.errors import RetryableError
@@ -415,3 +415,38 @@ def test_deletions_before_a_cleaned_up_log_are_named(tmp_path: Path, monkeypatch
     first = report.log_starts_at[uri] if isinstance(report, Report) else -1
     assert isinstance(report, Report) and not report.ok and report.lost == 1 and first > 0, report.render()
     assert f"the log of {uri} starts at v{first} (older entries cleaned up)" in report.render()
+
+
+def test_the_log_is_read_newest_first_until_every_missing_offset_is_explained(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A long log costs one read a version: pages of 2 here (1,000 in use); a recent DELETE that explains every
+    missing offset spares the older entries, and one that does not sends the reader further back."""
+    config = _ingested_with_a_dead_letter(tmp_path, monkeypatch)
+    uri = str(tmp_path / "a")
+    DeltaTable(uri).delete("id = 'p0-1'")
+    old = DeltaTable(uri).version()
+    for _ in range(3):
+        write_deltalake(uri, DeltaTable(uri).to_pyarrow_table().slice(0, 0), mode="append")
+    DeltaTable(uri).delete("id = 'p1-2'")
+    recent = DeltaTable(uri).version()
+    monkeypatch.setattr(verify_deletes, "_FIRST_PAGE", 2)
+    read: list[int] = []
+    data_files = verify_deletes._data_files
+
+    def spy(filesystem: Any, root: str, version: int) -> Any:
+        read.append(version)
+        return data_files(filesystem, root, version)
+
+    monkeypatch.setattr(verify_deletes, "_data_files", spy)
+    [report] = check(config)
+    assert isinstance(report, Report) and report.ok, report.render()
+    assert read == [recent, old] and set(report.deleted_by_version[uri]) == {recent, old}
+
+    # Only the recent DELETE's row is missing once the older one's is back: the first page explains it.
+    schema = pa.schema(DeltaTable(uri).schema().to_arrow())
+    row = {"id": "p0-1", "kafka_topic": "a", "kafka_partition": 0, "kafka_offset": 1}
+    write_deltalake(uri, pa.Table.from_pylist([row], schema=schema), mode="append")
+    read.clear()
+    [report] = check(config)
+    assert isinstance(report, Report) and report.ok and read == [recent], report.render()
