@@ -1,10 +1,12 @@
 """`kafka2delta verify` against a real broker: a clean ingest (poison messages and a filter mixed in)
-passes; a duplicated row and deleted rows are found and named."""
+passes; a duplicated row and lost rows are found and named; rows a DELETE took out are counted as deleted."""
 
 import os
 import subprocess
 import sys
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from deltalake import DeltaTable, write_deltalake
 
 from tests.support.harness import ROOT, event
@@ -55,8 +57,11 @@ def test_verify_passes_a_clean_ingest_then_names_duplicated_and_missing_offsets(
     rows_1 = table.to_pyarrow_table(filters=[("kafka_partition", "=", 1), ("kafka_offset", "in", [4, 5])])
     assert rows_1.num_rows == 2
     write_deltalake(setup.table_uri, rows_1, mode="append")
-    # … and the rows of offsets 20, 22 and 23 of partition 2 deleted.
-    DeltaTable(setup.table_uri).delete("kafka_partition = 2 AND kafka_offset IN (20, 22, 23)")
+    # … and the rows of offsets 20, 22 and 23 of partition 2 lost: the table overwritten without them (a DELETE
+    # would be counted as deleted, not lost: checked at the end).
+    current = DeltaTable(setup.table_uri).to_pyarrow_table()
+    lost = pc.and_(pc.equal(current["kafka_partition"], 2), pc.is_in(current["kafka_offset"], pa.array([20, 22, 23])))
+    write_deltalake(setup.table_uri, current.filter(pc.invert(lost)), mode="overwrite")
 
     code, report = setup.verify()
     assert code == 1, report
@@ -81,6 +86,13 @@ def test_verify_passes_a_clean_ingest_then_names_duplicated_and_missing_offsets(
     summary = done.stdout.strip().splitlines()[-1]
     assert summary.startswith("FAILED: lost 3, duplicated 2"), done.stdout
     assert "missing 2:[20, 22, 23]" in summary and "duplicated 1:[4, 5]" in summary, summary
+
+    # Rows a DELETE took out (a GDPR erase, jobs ttl) are no loss: counted as deleted, by version.
+    DeltaTable(setup.table_uri).delete("kafka_partition = 0 AND kafka_offset IN (1, 2)")
+    code, report = setup.verify()
+    assert isinstance(report, dict) and code == 1, report
+    assert (report["lost"], report["deleted"], report["duplicated_total"]) == (3, 2, 2)
+    assert [p["deleted"] for p in sorted(report["partitions"], key=lambda p: p["partition"])] == [2, 0, 0]
     print("verify (tampered):\n" + done.stdout)
 
 
