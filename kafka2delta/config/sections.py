@@ -453,6 +453,10 @@ class JobsConfig:
     """A date/timestamp column: ``jobs ttl`` deletes rows older than ``retention_days``. Empty: no retention."""
     retention_days: float = 0.0
     """Age in days after which rows are deleted by ``jobs ttl`` (with ``retention_column``); 0: off."""
+    dead_letter_retention_days: float = 0.0
+    """``jobs ttl`` deletes the dead letters recorded more than this many days ago (by their ``date``, a UTC day, kept
+    until the whole day is that old), from the daemon's dead-letter table and every route's own; 0: kept forever.
+    At least 1: a partition's recovery after a crash may read its newest dead letters."""
     checkpoint_dir: str = ""
     """Where the streaming queries keep their checkpoints (``<dir>/<job name>``, e.g. ``<dir>/mutate``).
     Default: ``<table.uri>_checkpoints``."""

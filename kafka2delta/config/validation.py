@@ -315,6 +315,12 @@ def _validate_spark_jobs(config: Config) -> None:
     ):
         if number < 0:
             raise ConfigError(key, f"expected 0 or more, got {number}")
+    if 0 < jobs.dead_letter_retention_days < 1 or jobs.dead_letter_retention_days < 0:
+        raise ConfigError(
+            "jobs.dead_letter_retention_days",
+            f"expected 0 (keep them) or at least 1 day (the recovery of a partition after a crash reads its newest "
+            f"dead letters), got {jobs.dead_letter_retention_days}",
+        )
     if not config.spark.master.strip():
         raise ConfigError("spark.master", "must not be empty")
     if coordinator.backend == "file" and not coordinator.lock_dir.strip():

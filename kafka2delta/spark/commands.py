@@ -206,7 +206,7 @@ def maintained_tables(config: Config, explicit: list[str]) -> list[str]:
     """The tables ``maintain`` works on, each once: the ``--table`` URIs (globs expanded), else every table the
     config writes: ``table.uri`` and the routes' URIs, ``{topic}`` standing for any name. Never a dead-letter
     table (the daemon's or a route's, however spelled: its columns are not the topic tables', so neither are
-    ``--zorder-by`` and ``--where``); ``--dead-letters`` adds them (:func:`dead_letter_tables`)."""
+    ``--zorder-by`` and ``--where``); ``--dead-letters`` adds them (``tables.dead_letter_tables``)."""
     from kafka2delta.config import TOPIC_PLACEHOLDER
     from kafka2delta.coordinator import table_identity
     from kafka2delta.spark.tables import daemon_tables, expand
@@ -223,20 +223,6 @@ def maintained_tables(config: Config, explicit: list[str]) -> list[str]:
     return list(maintained.values())
 
 
-def dead_letter_tables(config: Config) -> list[str]:
-    """The dead-letter tables ``--dead-letters`` adds: the daemon's (it makes it at start), and each route's own
-    that exists (the daemon makes those at a route's first dead letter)."""
-    from kafka2delta.coordinator import table_identity
-    from kafka2delta.spark.tables import daemon_tables, is_table
-
-    found: dict[str, str] = {table_identity(config.dead_letter_table_uri): config.dead_letter_table_uri}
-    for table in daemon_tables(config):
-        identity = table_identity(table.uri)
-        if table.dead_letters and identity not in found and is_table(table.uri, config.table.storage_options):
-            found[identity] = table.uri
-    return list(found.values())
-
-
 def _maintain(args: argparse.Namespace, config: Config, session: SparkSession, tables: list[str], job_name: str) -> int:
     """Each table in its own coordinator turn; a table that fails is reported and the next one is done."""
     from kafka2delta.coordinator import open_coordinator
@@ -244,6 +230,8 @@ def _maintain(args: argparse.Namespace, config: Config, session: SparkSession, t
     from kafka2delta.spark.report import Report
 
     failed = config_errors = 0
+    from kafka2delta.spark.tables import dead_letter_tables
+
     letters = dead_letter_tables(config) if args.dead_letters else []
     uris = tables + letters
     for uri in uris:

@@ -45,7 +45,7 @@ from kafka2delta.spark.mutations import (
 )
 from kafka2delta.spark.report import Report
 from kafka2delta.spark.session import spark_path
-from kafka2delta.spark.tables import TableStats, add_actions, check_writable, table_stats
+from kafka2delta.spark.tables import TableStats, add_actions, check_writable, dead_letter_tables, is_table, table_stats
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -74,6 +74,7 @@ class JobStats(TurnStats):
 
     result: BatchResult = field(default_factory=BatchResult)
     retention_deleted: int = 0
+    dead_letters_deleted: int = 0
 
 
 StatsT = TypeVar("StatsT", bound=TurnStats)
@@ -427,8 +428,11 @@ class StreamingJob(TurnJob[JobStats]):
         if job == "mutate" and not self.topic:
             raise ConfigError("jobs.mutation_topic", "is required by 'jobs mutate'")
         if job == "ttl":
-            if not self.topic and not jobs.retention_column:
-                raise ConfigError("jobs.ttl_topic", "'jobs ttl' needs jobs.ttl_topic or jobs.retention_column")
+            if not self.topic and not jobs.retention_column and not jobs.dead_letter_retention_days:
+                raise ConfigError(
+                    "jobs.ttl_topic",
+                    "'jobs ttl' needs jobs.ttl_topic, jobs.retention_column or jobs.dead_letter_retention_days",
+                )
             if self.topic and not jobs.subject_column:
                 raise ConfigError("jobs.subject_column", "is required with jobs.ttl_topic")
 
@@ -544,12 +548,28 @@ class StreamingJob(TurnJob[JobStats]):
         self.stats.retention_deleted += deleted
         logger.info("retention: %d rows with %s deleted", deleted, predicate)
 
+    def _dead_letter_retention(self) -> None:
+        """Dead letters recorded more than ``jobs.dead_letter_retention_days`` ago, from every dead-letter table that
+        exists (a DELETE by their ``date`` partition: whole files, no rewrite; the daemon's appends to today's
+        partition do not conflict with it)."""
+        cutoff = self._clock() - dt.timedelta(days=self.config.jobs.dead_letter_retention_days)
+        predicate = retention_predicate("date", "date", cutoff)
+        options = self.config.table.storage_options
+        for uri in dead_letter_tables(self.config):
+            if not is_table(uri, options):
+                continue  # the daemon makes it at start
+            deleted = retention_delete(self.session, Target(uri, options).path, predicate)
+            self.stats.dead_letters_deleted += deleted
+            logger.info("dead-letter retention: %d dead letters with %s deleted from %s", deleted, predicate, uri)
+
     def work(self) -> None:
         if self.topic and self.pending_work():
             self.check_checkpoint()
             self._run_query()
         if self.job == "ttl" and self.config.jobs.retention_column:
             self._retention()
+        if self.job == "ttl" and self.config.jobs.dead_letter_retention_days:
+            self._dead_letter_retention()
 
     def details(self) -> dict[str, Any]:
         result = self.stats.result
@@ -563,11 +583,14 @@ class StreamingJob(TurnJob[JobStats]):
         }
         if self.job == "ttl":
             details["retention_deleted"] = self.stats.retention_deleted
+            details["dead_letters_deleted"] = self.stats.dead_letters_deleted
         return details
 
     def rows_changed(self) -> int:
         result = self.stats.result
-        return result.rows_updated + result.rows_deleted + self.stats.retention_deleted
+        return (
+            result.rows_updated + result.rows_deleted + self.stats.retention_deleted + self.stats.dead_letters_deleted
+        )
 
 
 __all__ = [

@@ -3,6 +3,7 @@ checkpoint is refused while the table holds the job's txn; the daemon appends af
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import shutil
 from collections.abc import Callable
@@ -10,10 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from deltalake import DeltaTable
+from deltalake import DeltaTable, write_deltalake
 
 from kafka2delta.coordinator import Coordinator, NoBackend
+from kafka2delta.dead_letters import dead_letter_rows
 from kafka2delta.errors import ConfigError
+from kafka2delta.records import DeadLetter
 from kafka2delta.spark.jobs import StreamingJob
 from kafka2delta.spark.tables import check_writable
 from tests.support.harness import Daemon, Message, Setup, Topic
@@ -45,7 +48,8 @@ def test_mutation_and_ttl_jobs_from_their_topics(
 ) -> None:
     mutations, gdpr = topic_factory(2), topic_factory(1)
     checkpoints = tmp_path / "checkpoints"
-    setup = setup_factory(1, schema=SCHEMA, sections={"jobs": jobs_section(mutations.name, gdpr.name, checkpoints)})
+    jobs = jobs_section(mutations.name, gdpr.name, checkpoints, dead_letter_retention_days=30)
+    setup = setup_factory(1, schema=SCHEMA, sections={"jobs": jobs})
     events = [event(f"e{i}", f"L{i % 10}", f"U{i % 7}", old=i % 10 == 9) for i in range(100)]
     setup.topic.produce_messages([Message(0, json.dumps(e).encode()) for e in events])
     assert daemon_factory(setup, "--until-caught-up").wait(120) == 0
@@ -95,10 +99,18 @@ def test_mutation_and_ttl_jobs_from_their_topics(
     rows = {i: r for i, r in rows.items() if r[0] != "L4"}
     assert _rows(setup) == rows
 
-    # GDPR deletes by subject, and the retention delete of rows older than 30 days.
+    # GDPR deletes by subject, the retention delete of rows older than 30 days, and of dead letters recorded more
+    # than 30 days ago (three of another topic's: two 40 days old, one 10).
+    letters = f"{setup.table_uri}_dead_letters"
+    now = dt.datetime.now(dt.UTC)
+    old = [DeadLetter("elsewhere", 0, offset, "deserialize", "not JSON", b"{") for offset in range(3)]
+    write_deltalake(letters, dead_letter_rows(old[:2], "elsewhere", now - dt.timedelta(days=40)), mode="append")
+    write_deltalake(letters, dead_letter_rows(old[2:], "elsewhere", now - dt.timedelta(days=10)), mode="append")
     gdpr.produce_messages([Message(0, forget("U4")), Message(0, forget("U5")), Message(0, b"{}")])
     report = StreamingJob(spark, cfg, "ttl", none).run(available_now=True)
     print(f"ttl: {report.text()}")
+    assert report.details["dead_letters_deleted"] == 2
+    assert DeltaTable(letters).to_pyarrow_table(columns=["offset"]).column("offset").to_pylist() == [2]
     expected = {
         i: r for i, r in rows.items() if r[2] not in ("U4", "U5") and events[int(i[1:])]["ts"] != "2001-01-01T00:00:00Z"
     }

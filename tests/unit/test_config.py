@@ -101,6 +101,7 @@ GLUE_RAW = {"K2D_FORMAT__TYPE": "raw", "K2D_SCHEMA_REGISTRY__TYPE": "glue", "K2D
         (MINIMAL, {"K2D_INGEST__ALLOWED_LATENCY_S": "nan"}, "ingest.allowed_latency_s", "a number"),
         (MINIMAL + "[schema_registry]\ntimeout_s = inf\n", {}, "schema_registry.timeout_s", "a number"),
         (MINIMAL, {"K2D_INGEST__UNUSED_TABLE_CLOSE_S": "-1"}, "ingest.unused_table_close_s", "close at once"),
+        (MINIMAL, {"K2D_JOBS__DEAD_LETTER_RETENTION_DAYS": "0.5"}, "jobs.dead_letter_retention_days", "at least 1 day"),
         # Table URIs that name no place of their own.
         (MINIMAL, {"K2D_TABLE__URI": "file://"}, "table.uri", "the root directory"),
         (MINIMAL, {"K2D_TABLE__URI": "/"}, "table.uri", "the root directory"),

@@ -308,6 +308,26 @@ def test_the_ttl_job_deletes_the_days_before_the_cutoffs_day(tmp_path: Path) -> 
     assert session.statements == []
 
 
+def test_the_ttl_job_deletes_dead_letters_past_their_retention_from_every_dead_letter_table(tmp_path: Path) -> None:
+    events = _table(tmp_path / "events")
+    own = _table(tmp_path / "b_letters", date=pa.array([dt.date(2024, 4, 1)], pa.date32()))
+    _table(f"{events}_dead_letters", date=pa.array([dt.date(2024, 4, 1)], pa.date32()))
+    routes = [{"topic": "events", "uri": events, "dead_letter_table_uri": own}]
+    config = _config(TABLE__URI=events, ROUTES=json.dumps(routes), JOBS__DEAD_LETTER_RETENTION_DAYS="30")
+    now = dt.datetime(2024, 5, 11, 13, 30, tzinfo=dt.UTC)  # cutoff: 2024-04-11 13:30, its day kept
+    session = Session()
+    job = StreamingJob(session, config, "ttl", Coordinator(NoBackend(), "t"), clock=lambda: now)  # type: ignore[arg-type]
+    job.prepare()
+    job.work()
+    assert [statement for statement, _ in session.statements] == [
+        f"DELETE FROM delta.`{spark_path(path)}` WHERE `date` < DATE '2024-04-11'"
+        for path in (f"{events}_dead_letters", own)
+    ]
+    assert job.stats.dead_letters_deleted == 6 and job.details()["dead_letters_deleted"] == 6  # 3 a stand-in DELETE
+    with pytest.raises(ConfigError, match=r"jobs\.ttl_topic.*jobs\.dead_letter_retention_days"):
+        StreamingJob(session, _config(), "ttl", Coordinator(NoBackend(), "t"))  # type: ignore[arg-type]
+
+
 # -- 5. maintain never takes a dead-letter table for a topic table
 
 
@@ -326,7 +346,7 @@ def test_maintain_leaves_every_dead_letter_table_out_however_spelled(
     data = tmp_path / "data"
     assert commands.maintained_tables(config, []) == [str(data / "a"), str(data / "b")]
     assert commands.maintained_tables(config, ["./data/*", str(data / "a")]) == [str(data / "a"), str(data / "b")]
-    assert commands.dead_letter_tables(config) == ["./data/_dead_letters", "./data/b_letters/"]
+    assert tables.dead_letter_tables(config) == ["./data/_dead_letters", "./data/b_letters/"]
 
 
 def test_maintain_gives_a_dead_letter_table_neither_zorder_nor_where(monkeypatch: pytest.MonkeyPatch) -> None:
