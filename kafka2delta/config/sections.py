@@ -62,7 +62,7 @@ def table_key(uri: str) -> str:
     """``uri`` as tables are compared: two spellings of one table (a trailing ``/``, a relative or ``file://``
     local path) give one key."""
     if uri.startswith("file://"):
-        uri = uri[len("file://") :]
+        uri = uri[len("file://") :].removeprefix("localhost")  # file://localhost/data/t is /data/t
     if "://" not in uri:
         return os.path.abspath(uri)
     return uri.rstrip("/")

@@ -350,8 +350,10 @@ def _validate_spark_jobs(config: Config) -> None:
 
 
 # Where a job takes its coordinator turns, when that is not any table: `jobs mutate` and `jobs ttl` change
-# table.uri alone, `jobs apply-changes` its --target alone (never a table the daemon writes), and the daemon
-# (join_ingest) the tables it writes. Anything else (`maintain`, a job of another name) may run on any table.
+# table.uri alone (ttl's dead-letter retention drops whole old `date` partitions of the dead-letter tables, outside
+# their turns: a conflict with `maintain` there is a retried turn), `jobs apply-changes` its --target alone (never a
+# table the daemon writes), and the daemon (join_ingest) the tables it writes. Anything else (`maintain`, a job of
+# another name) may run on any table.
 _MAIN, _ROUTED, _TARGET = "table.uri", "the daemon's other tables (routes, {topic})", "a jobs apply-changes --target"
 JOB_TABLES: dict[str, frozenset[str]] = {
     "mutate": frozenset({_MAIN}),
@@ -470,6 +472,13 @@ def _validate_routes(config: Config) -> None:
         )
     check_table_uri("dead_letters.table_uri", config.dead_letters.table_uri)
     table = urlsplit(config.table.uri)
+    if not config.dead_letters.table_uri and TOPIC_PLACEHOLDER in table.netloc:
+        raise ConfigError(
+            "dead_letters.table_uri",
+            f"required when the bucket (or host) of table.uri names the topic "
+            f"({without_credentials(config.table.uri)}): the default would be "
+            f"{without_credentials(config.dead_letter_table_uri)}",
+        )
     if not config.dead_letters.table_uri and table.netloc and not table.path.strip("/"):
         raise ConfigError(
             "dead_letters.table_uri",
@@ -536,7 +545,7 @@ def check_table_uri(key: str, uri: str) -> None:
     scheme = parts.scheme.lower()
     if scheme in S3_SCHEMES + AZURE_SCHEMES + GCS_SCHEMES and not parts.netloc:
         raise ConfigError(key, f"{uri!r} names no bucket (or container): e.g. {scheme}://bucket/path")
-    if scheme == "file" and parts.netloc:
+    if scheme == "file" and parts.netloc not in ("", "localhost"):
         raise ConfigError(
             key,
             f"{without_credentials(uri)!r} names the host {parts.netloc!r}: a local table is file:///absolute/path "

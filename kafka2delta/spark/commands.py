@@ -97,7 +97,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     jobs_commands = jobs.add_subparsers(dest="action", required=True)
     for name, text in (
         ("mutate", "apply mutation requests (update/delete by match) from jobs.mutation_topic"),
-        ("ttl", "apply GDPR deletes from jobs.ttl_topic and the retention delete (jobs.retention_*)"),
+        ("ttl", "apply GDPR deletes from jobs.ttl_topic and the retention deletes (jobs.*retention_*)"),
         ("apply-changes", "keep a current-state table (one row per key) from a changelog table, with Spark"),
     ):
         job = jobs_commands.add_parser(name, help=text)

@@ -552,13 +552,19 @@ class StreamingJob(TurnJob[JobStats]):
         """Dead letters recorded more than ``jobs.dead_letter_retention_days`` ago, from every dead-letter table that
         exists (a DELETE by their ``date`` partition: whole files, no rewrite; the daemon's appends to today's
         partition do not conflict with it)."""
+        from py4j.protocol import Py4JError
+        from pyspark.errors import PySparkException
+
         cutoff = self._clock() - dt.timedelta(days=self.config.jobs.dead_letter_retention_days)
         predicate = retention_predicate("date", "date", cutoff)
         options = self.config.table.storage_options
         for uri in dead_letter_tables(self.config):
             if not is_table(uri, options):
                 continue  # the daemon makes it at start
-            deleted = retention_delete(self.session, Target(uri, options).path, predicate)
+            try:
+                deleted = retention_delete(self.session, Target(uri, options).path, predicate)
+            except (PySparkException, Py4JError) as exc:  # named by the dead-letter table, not table.uri
+                raise translate(exc, "jobs ttl (dead-letter retention)", uri) from exc
             self.stats.dead_letters_deleted += deleted
             logger.info("dead-letter retention: %d dead letters with %s deleted from %s", deleted, predicate, uri)
 

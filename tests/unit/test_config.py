@@ -106,6 +106,7 @@ GLUE_RAW = {"K2D_FORMAT__TYPE": "raw", "K2D_SCHEMA_REGISTRY__TYPE": "glue", "K2D
         (MINIMAL, {"K2D_TABLE__URI": "file://"}, "table.uri", "the root directory"),
         (MINIMAL, {"K2D_TABLE__URI": "/"}, "table.uri", "the root directory"),
         (MINIMAL, {"K2D_TABLE__URI": "file://data/t"}, "table.uri", "names the host 'data'"),
+        (MINIMAL, {"K2D_TABLE__URI": "file://localhost/"}, "table.uri", "the root directory"),
         (MINIMAL, {"K2D_TABLE__URI": "s3://"}, "table.uri", "names no bucket"),
         (MINIMAL, {"K2D_TABLE__URI": "az:///t/{topic}"}, "table.uri", "names no bucket"),
         (MINIMAL, {"K2D_DEAD_LETTERS__TABLE_URI": "gs://"}, "dead_letters.table_uri", "names no bucket"),
@@ -116,6 +117,7 @@ GLUE_RAW = {"K2D_FORMAT__TYPE": "raw", "K2D_SCHEMA_REGISTRY__TYPE": "glue", "K2D
             "the root directory",
         ),
         (MINIMAL, {"K2D_TABLE__URI": "s3://lake/"}, "dead_letters.table_uri", "another bucket, s3://lake_dead_letters"),
+        (MINIMAL, {"K2D_TABLE__URI": "s3://lake-{topic}/t"}, "dead_letters.table_uri", "default would be s3://_dead"),
     ],
 )
 def test_errors_name_the_key(tmp_path: Path, text: str, env: dict[str, str], key: str, words: str) -> None:
