@@ -280,32 +280,27 @@ def test_the_retention_of_a_date_column_keeps_the_cutoffs_day() -> None:
     assert may_hold_rows_before(actions(dt.date(2024, 5, 9)), "day", bound)
 
 
+def _ttl_turn(config: Config, now: dt.datetime) -> tuple[StreamingJob, list[str]]:
+    """One ``jobs ttl`` turn's work at ``now`` on a stand-in session; the SQL it ran."""
+    session = Session()
+    job = StreamingJob(session, config, "ttl", Coordinator(NoBackend(), "t"), clock=lambda: now)  # type: ignore[arg-type]
+    job.prepare()
+    job.work()
+    return job, [statement for statement, _ in session.statements]
+
+
 def test_the_ttl_job_deletes_the_days_before_the_cutoffs_day(tmp_path: Path) -> None:
     days = [dt.date(2024, 5, 9), dt.date(2024, 5, 10), dt.date(2024, 5, 11)]
     uri = _table(tmp_path / "events", day=pa.array(days, pa.date32()), id=pa.array([1, 2, 3]))
     config = _config(TABLE__URI=uri, JOBS__RETENTION_COLUMN="day", JOBS__RETENTION_DAYS="1")
     now = dt.datetime(2024, 5, 11, 13, 30, tzinfo=dt.UTC)  # cutoff: 2024-05-10 13:30
-    session = Session()
-    job = StreamingJob(session, config, "ttl", Coordinator(NoBackend(), "t"), clock=lambda: now)  # type: ignore[arg-type]
-    job.prepare()
-    job.work()
-    assert [statement for statement, _ in session.statements] == [
-        f"DELETE FROM delta.`{spark_path(uri)}` WHERE `day` < DATE '2024-05-10'"
-    ]
+    job, statements = _ttl_turn(config, now)
+    assert statements == [f"DELETE FROM delta.`{spark_path(uri)}` WHERE `day` < DATE '2024-05-10'"]
     assert job.stats.retention_deleted == 3  # what the (stand-in) DELETE reported
     # Once only the cutoff's day is left, nothing is run: the pre-check and the DELETE keep the same day.
     kept = _table(tmp_path / "kept", day=pa.array(days[1:], pa.date32()))
-    session = Session()
-    job = StreamingJob(
-        session,  # type: ignore[arg-type]
-        _config(TABLE__URI=kept, JOBS__RETENTION_COLUMN="day", JOBS__RETENTION_DAYS="1"),
-        "ttl",
-        Coordinator(NoBackend(), "t"),
-        clock=lambda: now,
-    )
-    job.prepare()
-    job.work()
-    assert session.statements == []
+    _, statements = _ttl_turn(_config(TABLE__URI=kept, JOBS__RETENTION_COLUMN="day", JOBS__RETENTION_DAYS="1"), now)
+    assert statements == []
 
 
 def test_the_ttl_job_deletes_dead_letters_past_their_retention_from_every_dead_letter_table(tmp_path: Path) -> None:
@@ -315,17 +310,14 @@ def test_the_ttl_job_deletes_dead_letters_past_their_retention_from_every_dead_l
     routes = [{"topic": "events", "uri": events, "dead_letter_table_uri": own}]
     config = _config(TABLE__URI=events, ROUTES=json.dumps(routes), JOBS__DEAD_LETTER_RETENTION_DAYS="30")
     now = dt.datetime(2024, 5, 11, 13, 30, tzinfo=dt.UTC)  # cutoff: 2024-04-11 13:30, its day kept
-    session = Session()
-    job = StreamingJob(session, config, "ttl", Coordinator(NoBackend(), "t"), clock=lambda: now)  # type: ignore[arg-type]
-    job.prepare()
-    job.work()
-    assert [statement for statement, _ in session.statements] == [
+    job, statements = _ttl_turn(config, now)
+    assert statements == [
         f"DELETE FROM delta.`{spark_path(path)}` WHERE `date` < DATE '2024-04-11'"
         for path in (f"{events}_dead_letters", own)
     ]
     assert job.stats.dead_letters_deleted == 6 and job.details()["dead_letters_deleted"] == 6  # 3 a stand-in DELETE
     with pytest.raises(ConfigError, match=r"jobs\.ttl_topic.*jobs\.dead_letter_retention_days"):
-        StreamingJob(session, _config(), "ttl", Coordinator(NoBackend(), "t"))  # type: ignore[arg-type]
+        StreamingJob(Session(), _config(), "ttl", Coordinator(NoBackend(), "t"))  # type: ignore[arg-type]
 
 
 # -- 5. maintain never takes a dead-letter table for a topic table
