@@ -124,7 +124,8 @@ class Report:
     deletes_unreadable: dict[str, dict[int, str]] = field(default_factory=dict)
     """Per table URI, deleting commits whose rows cannot be told (files vacuumed, deletion vectors), and why."""
     log_starts_at: dict[str, int] = field(default_factory=dict)
-    """Per table URI looked at for deletions, the first version its log still has (earlier ones: cleaned up)."""
+    """Per table URI looked at for deletions, where its log's entries stop, going down from the snapshot: the version
+    after the first one missing (cleaned up, or a gap); 0 when every entry was there or none was needed."""
 
     @property
     def lost(self) -> int:
@@ -227,8 +228,8 @@ class Report:
         for uri, first in self.log_starts_at.items():
             if first and self.lost:
                 lines.append(
-                    f"the log of {uri} starts at v{first} (older entries cleaned up): what earlier commits deleted "
-                    "cannot be told from lost rows"
+                    f"the log of {uri} has no entry for v{first - 1} (cleaned up, or a gap): what it and older commits "
+                    "deleted cannot be told from lost rows"
                 )
         totals = (
             f"{sum(p.produced for p in self.partitions)} messages: {sum(p.rows for p in self.partitions)} rows, "

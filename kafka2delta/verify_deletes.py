@@ -36,6 +36,7 @@ from kafka2delta.verify_reading import Deadline
 from kafka2delta.writer import table_filesystem
 
 _FIRST_PAGE = 1000  # log entries read first, newest first; then the 4 times as many before them, and so on
+_LAST_PAGE = 16_000  # the largest page: what a page holds waits in memory, and a stop is seen between entries
 _READERS = 8  # log entries read at once (one GET each on object storage)
 _DELETING = frozenset({"DELETE", "MERGE", "UPDATE"})
 """Operations meant to delete (or that may delete) rows; an overwrite counts with a predicate (_LogEntry.deletes)."""
@@ -43,6 +44,8 @@ _DELETING = frozenset({"DELETE", "MERGE", "UPDATE"})
 
 @dataclass(frozen=True)
 class DeletingCommit:
+    """A commit that deleted rows of the checked topic."""
+
     operation: str
     rows: int
     """Rows of the checked topic it took out."""
@@ -57,7 +60,8 @@ class Deletions:
     unreadable: dict[int, str] = field(default_factory=dict)
     """Deleting commits whose rows cannot be told, by version: why (files vacuumed, deletion vectors …)."""
     log_starts_at: int = 0
-    """The first version the log still has: what earlier commits deleted cannot be told."""
+    """The version after the first entry missing from the log, going down (cleaned up, or a gap): what older commits
+    deleted cannot be told. 0: none missing, or the walk stopped before."""
 
 
 def deleted_rows(
@@ -83,10 +87,10 @@ def deleted_rows(
     top, page = version, _FIRST_PAGE
     with ThreadPoolExecutor(_READERS) as pool:
         while top >= 0:
-            deadline.wait(0, lambda top=top: f"reading the log of {uri} below version {top + 1}")  # type: ignore[misc]
             versions = list(range(top, max(top - page, -1), -1))
             for at, entry in zip(versions, pool.map(partial(_log_entry, filesystem, root), versions), strict=True):
-                if entry is None:  # cleaned up from here down (delta.logRetentionDuration)
+                deadline.wait(0, lambda: f"reading the log of {uri} at version {at}")  # noqa: B023 (called at once)
+                if entry is None:  # cleaned up from here down (delta.logRetentionDuration), or a gap
                     found.log_starts_at = at + 1
                     top = -1
                     break
@@ -101,7 +105,7 @@ def deleted_rows(
                 found.offsets = {int(p): np.unique(offsets[partitions == p]) for p in np.unique(partitions)}
             if all(np.isin(offsets, found.offsets.get(p, ())).all() for p, offsets in missing.items()):
                 break
-            top, page = top - page, page * 4
+            top, page = top - page, min(page * 4, _LAST_PAGE)
     return found
 
 
@@ -144,14 +148,14 @@ def _log_entry(filesystem: pa_fs.FileSystem, root: str, version: int) -> _LogEnt
     path = f"{root.rstrip('/')}/_delta_log/{version:020d}.json"
     try:
         with filesystem.open_input_stream(path) as stream:
-            text = stream.read().decode()
+            data = stream.read()
     except FileNotFoundError:
         return None
     except OSError as exc:
         raise RetryableError(f"reading {path}: {exc}") from exc
     entry = _LogEntry({}, [], [])
     try:
-        for line in text.splitlines():
+        for line in data.decode().splitlines():
             if not line.strip():
                 continue
             action = json.loads(line)
@@ -160,8 +164,10 @@ def _log_entry(filesystem: pa_fs.FileSystem, root: str, version: int) -> _LogEnt
             for kind, files in (("remove", entry.removed), ("add", entry.added)):
                 if kind in action and action[kind].get("dataChange", True):
                     files.append(action[kind])
-    except ValueError as exc:
-        entry.error = f"its log entry is unreadable: {exc}"
+    except (ValueError, TypeError, AttributeError) as exc:  # not UTF-8, not JSON, an action that is not an object
+        entry.error = f"its log entry is unreadable: {type(exc).__name__}: {exc}"
+    if not entry.deletes:
+        entry.removed, entry.added = [], []  # a page of entries waits in memory: keep only what is read later
     return entry
 
 
@@ -222,6 +228,11 @@ class _Read:
         for name, value in (action.get("partitionValues") or {}).items():
             if name in wanted and name not in rows.column_names:
                 rows = rows.append_column(name, pa.array([value] * rows.num_rows, pa.string()))
+        for name in self.where_columns:
+            # A file written before the column existed reads as the table does, with nulls there (found by review:
+            # with no column, no filter applied, and another topic's rows of a shared table explained this one's).
+            if name not in rows.column_names:
+                rows = rows.append_column(name, pa.nulls(rows.num_rows, pa.string()))
         if not set(self.columns) <= set(rows.column_names):
             return None  # written before the metadata columns were: no offset to tell
         for name in self.where_columns:  # another writer's file may hold text as string_view or large_string

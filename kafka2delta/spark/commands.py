@@ -228,10 +228,9 @@ def _maintain(args: argparse.Namespace, config: Config, session: SparkSession, t
     from kafka2delta.coordinator import open_coordinator
     from kafka2delta.errors import Kafka2DeltaError
     from kafka2delta.spark.report import Report
-
-    failed = config_errors = 0
     from kafka2delta.spark.tables import dead_letter_tables
 
+    failed = config_errors = 0
     letters = dead_letter_tables(config) if args.dead_letters else []
     uris = tables + letters
     for uri in uris:
