@@ -540,6 +540,10 @@ def _check_topic(
             untraced=sum(t.untraced for t in tables),
         )
     dead_letter_uri = spec.dead_letter_uri
+
+    def letters_of_this_topic(schema: pa.Schema) -> pc.Expression:
+        return dead_letter_filter(dead_letter_app_ids, topic)
+
     letters = read_table(
         dead_letter_uri,
         options,
@@ -547,7 +551,7 @@ def _check_topic(
         partitions,
         "partition",
         "offset",
-        lambda schema: dead_letter_filter(dead_letter_app_ids, topic),
+        letters_of_this_topic,
         topic=topic,
         legacy_app_id=None if spec.txn_ids.legacy_prefix is None else f"{spec.txn_ids.legacy_prefix}-dlq",
     )
@@ -598,8 +602,7 @@ def _check_topic(
         # The dead-letter table first: its log is short (a commit only when messages fail), and what it explains
         # may spare reading the tables' long ones.
         if letters.version is not None:  # dead letters erased by hand (the GDPR step of docs/MAINTENANCE.md)
-            where_letters: Where = lambda schema: dead_letter_filter(dead_letter_app_ids, topic)  # noqa: E731
-            look(dead_letter_uri, letters.version, ("partition", "offset"), where_letters, ("app_id", "topic"))
+            look(dead_letter_uri, letters.version, ("partition", "offset"), letters_of_this_topic, ("app_id", "topic"))
         for s, t in zip(specs, tables, strict=True):
             if t.version is not None:
                 look(t.uri, t.version, ("kafka_partition", "kafka_offset"), rows_of_this_topic(s), ("kafka_topic",))

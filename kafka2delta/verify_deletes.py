@@ -32,7 +32,7 @@ import pyarrow.fs as pa_fs
 import pyarrow.parquet as pq
 
 from kafka2delta.errors import RetryableError
-from kafka2delta.verify_reading import Deadline
+from kafka2delta.verify_reading import Deadline, no_offsets, offset_pairs
 from kafka2delta.writer import table_filesystem
 
 _FIRST_PAGE = 1000  # log entries read first, newest first; then the 4 times as many before them, and so on
@@ -95,7 +95,7 @@ def deleted_rows(
                     top = -1
                     break
                 if entry.deletes:
-                    deleted = _deleted_by(read, at, entry, found, deadline, uri)
+                    deleted = _deleted_by(read, at, entry, found)
                     if deleted is not None and deleted.num_rows:
                         found.by_version[at] = DeletingCommit(entry.operation, deleted.num_rows)
                         pieces.append(deleted)
@@ -171,11 +171,8 @@ def _log_entry(filesystem: pa_fs.FileSystem, root: str, version: int) -> _LogEnt
     return entry
 
 
-def _deleted_by(
-    read: _Read, at: int, entry: _LogEntry, found: Deletions, deadline: Deadline, uri: str
-) -> pa.Table | None:
+def _deleted_by(read: _Read, at: int, entry: _LogEntry, found: Deletions) -> pa.Table | None:
     """The (partition, offset) of the rows version ``at`` deleted; None, noted in ``found``, when it cannot be told."""
-    deadline.wait(0, lambda: f"reading what version {at} of {uri} deleted")
     if entry.error:
         found.unreadable[at] = entry.error
         return None
@@ -208,9 +205,7 @@ class _Read:
         FileNotFoundError when a file is gone."""
         pieces = [self._file(action) for action in files]
         kept = [piece for piece in pieces if piece is not None]
-        if not kept:
-            return pa.table({"partition": pa.array([], pa.int64()), "offset": pa.array([], pa.int64())})
-        return pa.concat_tables(kept)
+        return pa.concat_tables(kept) if kept else no_offsets()
 
     def _file(self, action: dict[str, Any]) -> pa.Table | None:
         path = f"{self.root.rstrip('/')}/{unquote(action['path'])}"
@@ -239,16 +234,7 @@ class _Read:
             if name in rows.column_names and rows.schema.field(name).type in (pa.large_string(), pa.string_view()):
                 rows = rows.set_column(rows.column_names.index(name), name, rows.column(name).cast(pa.string()))
         expression = self.where(rows.schema)
-        if expression is not None:
-            rows = rows.filter(expression)
-        partition, offset = rows.column(self.columns[0]), rows.column(self.columns[1])
-        rows = rows.filter(pc.and_(partition.is_valid(), offset.is_valid()))
-        return pa.table(
-            {
-                "partition": rows.column(self.columns[0]).cast(pa.int64()),
-                "offset": rows.column(self.columns[1]).cast(pa.int64()),
-            }
-        )
+        return offset_pairs(rows if expression is None else rows.filter(expression), *self.columns)
 
 
 def _minus(rows: pa.Table, kept: pa.Table) -> pa.Table:

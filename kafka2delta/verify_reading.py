@@ -191,7 +191,7 @@ def read_table(
     try:
         table = DeltaTable(uri, storage_options=dict(storage_options) or None)
     except TableNotFoundError:
-        return TableSnapshot(uri, None, None, dict.fromkeys(partitions), _pairs())
+        return TableSnapshot(uri, None, None, dict.fromkeys(partitions), no_offsets())
     except (DeltaError, OSError) as exc:
         raise RetryableError(f"reading {uri}: {exc}") from exc
     try:
@@ -208,20 +208,19 @@ def read_table(
         )
     except (DeltaError, OSError) as exc:
         raise RetryableError(f"reading {uri}: {exc}") from exc
-    traced = pc.and_(rows.column(partition_column).is_valid(), rows.column(offset_column).is_valid())
-    kept = rows.filter(traced)
-    return TableSnapshot(
-        uri,
-        table.version(),
-        schema,
-        txns,
-        pa.table(
-            {
-                "partition": kept.column(partition_column).cast(pa.int64()),
-                "offset": kept.column(offset_column).cast(pa.int64()),
-            }
-        ),
-        untraced=rows.num_rows - kept.num_rows,
+    pairs = offset_pairs(rows, partition_column, offset_column)
+    return TableSnapshot(uri, table.version(), schema, txns, pairs, untraced=rows.num_rows - pairs.num_rows)
+
+
+def offset_pairs(rows: pa.Table, partition_column: str, offset_column: str) -> pa.Table:
+    """``partition`` and ``offset`` (int64) of the rows that record both (rows written before the metadata columns
+    were turned on have nulls there)."""
+    rows = rows.filter(pc.and_(rows.column(partition_column).is_valid(), rows.column(offset_column).is_valid()))
+    return pa.table(
+        {
+            "partition": rows.column(partition_column).cast(pa.int64()),
+            "offset": rows.column(offset_column).cast(pa.int64()),
+        }
     )
 
 
@@ -244,7 +243,8 @@ def txn_versions(
     return txns
 
 
-def _pairs() -> pa.Table:
+def no_offsets() -> pa.Table:
+    """An empty table of ``partition`` and ``offset`` pairs."""
     return pa.table({"partition": pa.array([], pa.int64()), "offset": pa.array([], pa.int64())})
 
 

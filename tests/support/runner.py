@@ -137,6 +137,16 @@ class TopicsSource(Source):
         pass
 
 
+def docs(prefix: str, first: int, count: int) -> list[dict[str, Any]]:
+    """``{"id": "<prefix><offset>"}`` for ``count`` offsets from ``first``."""
+    return [{"id": f"{prefix}{offset}"} for offset in range(first, first + count)]
+
+
+def ids(uri: Path) -> list[str]:
+    """The ``id`` of every row of the table at ``uri``, sorted."""
+    return sorted(DeltaTable(str(uri)).to_pyarrow_table().column("id").to_pylist())
+
+
 def messages_of(tp: TopicPartition, first: int, documents: Sequence[dict[str, Any]]) -> ConsumedBatch:
     """``documents`` as JSON messages of ``tp`` from offset ``first``."""
     payloads: list[bytes | None] = [json.dumps(document).encode() for document in documents]

@@ -17,17 +17,9 @@ from kafka2delta.config import Config
 from kafka2delta.edges import RebalanceListener
 from kafka2delta.metrics import Metrics
 from kafka2delta.records import ConsumedBatch, TopicPartition
-from tests.support.runner import TopicsSource, daemon_loop, messages_of, tables_config
+from tests.support.runner import TopicsSource, daemon_loop, docs, ids, messages_of, tables_config
 
 A0, B0 = TopicPartition("a", 0), TopicPartition("b", 0)
-
-
-def ids(uri: Path) -> list[str]:
-    return sorted(DeltaTable(str(uri)).to_pyarrow_table().column("id").to_pylist())
-
-
-def docs(prefix: str, first: int, count: int) -> list[dict[str, Any]]:
-    return [{"id": f"{prefix}{offset}"} for offset in range(first, first + count)]
 
 
 class ScriptedSource(TopicsSource):

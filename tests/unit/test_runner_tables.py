@@ -26,21 +26,15 @@ from tests.support.runner import (
     LogSource,
     TopicsSource,
     daemon_loop,
+    docs,
     expression_config,
+    ids,
     ingest_until_caught_up,
     messages_of,
     tables_config,
 )
 
 A0, A1, B0 = TopicPartition("a", 0), TopicPartition("a", 1), TopicPartition("b", 0)
-
-
-def ids(uri: Path) -> list[str]:
-    return sorted(DeltaTable(str(uri)).to_pyarrow_table().column("id").to_pylist())
-
-
-def docs(prefix: str, first: int, count: int) -> list[dict[str, Any]]:
-    return [{"id": f"{prefix}{offset}"} for offset in range(first, first + count)]
 
 
 def batches() -> list[ConsumedBatch]:

@@ -17,7 +17,14 @@ from kafka2delta.records import ConsumedBatch, TopicPartition
 from kafka2delta.routing import TableSpec
 from kafka2delta.runner import Ingestor
 from kafka2delta.tables import OpenedTable
-from tests.support.runner import TopicsSource, daemon_loop, expression_config, ingest_until_caught_up, messages_of
+from tests.support.runner import (
+    TopicsSource,
+    daemon_loop,
+    expression_config,
+    ids,
+    ingest_until_caught_up,
+    messages_of,
+)
 
 E0 = TopicPartition("e", 0)
 KINDS = ["clicks", "clicks", "orders", "refunds", None, "orders-without-id", "clicks", "clicks", "orders", "clicks"]
@@ -55,10 +62,6 @@ def refusing_orders(cfg: Config, how: str) -> Any:
         return opened
 
     return opener
-
-
-def ids(uri: Path) -> list[str]:
-    return sorted(DeltaTable(str(uri)).to_pyarrow_table().column("id").to_pylist())
 
 
 def dead_letters(tmp_path: Path) -> list[tuple[int, str]]:
