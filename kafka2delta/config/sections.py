@@ -513,6 +513,22 @@ class Config:
         return columns
 
     @property
+    def only_topic(self) -> str:
+        """The one topic of a daemon subscribed to one by name (``kafka.topic``, or ``kafka.topics`` of one); ''."""
+        kafka = self.kafka
+        return kafka.topic or (kafka.topics[0] if len(kafka.topics) == 1 else "")
+
+    @property
+    def main_table_uri(self) -> str:
+        """The one table ``table.uri`` names, which ``jobs mutate`` and ``jobs ttl`` change: ``table.uri``, or its
+        ``{topic}`` template filled with the only topic; '' when it names none (empty) or many (a template that a
+        ``topic_pattern`` or several topics fill)."""
+        uri = self.table.uri
+        if TOPIC_PLACEHOLDER not in uri:
+            return uri
+        return uri.replace(TOPIC_PLACEHOLDER, self.only_topic) if self.only_topic else ""
+
+    @property
     def dead_letter_table_uri(self) -> str:
         """``dead_letters.table_uri``; default ``<table.uri>_dead_letters``, or for a ``{topic}`` template the
         directory holding the topics' tables plus ``_dead_letters`` (one dead-letter table per daemon)."""

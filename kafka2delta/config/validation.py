@@ -352,15 +352,26 @@ def _validate_spark_jobs(config: Config) -> None:
 # Where a job takes its coordinator turns, when that is not any table: `jobs mutate` and `jobs ttl` change
 # table.uri alone (ttl's dead-letter retention drops whole old `date` partitions of the dead-letter tables, outside
 # their turns: a conflict with `maintain` there is a retried turn), `jobs apply-changes` its --target alone (never a
-# table the daemon writes), and the daemon (join_ingest) the tables it writes. Anything else (`maintain`, a job of
-# another name) may run on any table.
+# table the daemon writes), and the daemon (join_ingest) the tables it writes. When table.uri names no one table
+# (empty, or a {topic} template several topics fill), `mutate` cannot run and `ttl` (its dead-letter retention
+# alone) takes its turns on the daemon's dead-letter table. Anything else (`maintain`, a job of another name) may
+# run on any table.
 _MAIN, _ROUTED, _TARGET = "table.uri", "the daemon's other tables (routes, {topic})", "a jobs apply-changes --target"
+_DEAD_LETTERS = "the daemon's dead-letter table"
 JOB_TABLES: dict[str, frozenset[str]] = {
     "mutate": frozenset({_MAIN}),
     "ttl": frozenset({_MAIN}),
     "apply-changes": frozenset({_TARGET}),
 }
-"""The tables the turns of ``jobs mutate``, ``ttl`` and ``apply-changes`` are on (by action: the default job name)."""
+"""The tables the turns of ``jobs mutate``, ``ttl`` and ``apply-changes`` are on (by action: the default job name),
+when ``table.uri`` names one table (:func:`job_tables`)."""
+
+
+def job_tables(config: Config, action: str) -> frozenset[str]:
+    """The tables the turns of ``jobs <action>`` are on with this config."""
+    if config.main_table_uri:
+        return JOB_TABLES[action]
+    return {"mutate": frozenset[str](), "ttl": frozenset({_DEAD_LETTERS})}.get(action, JOB_TABLES[action])
 
 
 def check_coordinator_order(config: Config, jobs: Mapping[str, frozenset[str]] = {}) -> None:
@@ -373,15 +384,14 @@ def check_coordinator_order(config: Config, jobs: Mapping[str, frozenset[str]] =
     order = coordinator.order
     if coordinator.backend == "none" or coordinator.resource or len(order) < 2:
         return  # no shared registration, or one cycle over every table
-    runs_on = {**JOB_TABLES, **jobs}
-    everywhere = frozenset({_MAIN, _ROUTED, _TARGET})
+    runs_on = {**{action: job_tables(config, action) for action in JOB_TABLES}, **jobs}
+    everywhere = frozenset({_MAIN, _ROUTED, _TARGET, _DEAD_LETTERS})
     if coordinator.join_ingest:
         runs_on["ingest"] = frozenset({_MAIN, _ROUTED})
     tables = [_MAIN] if config.table.uri else []
     if _writes_several_tables(config):
         tables.append(_ROUTED)
-    if any(runs_on.get(job) == frozenset({_TARGET}) for job in order):
-        tables.append(_TARGET)
+    tables += [kind for kind in (_TARGET, _DEAD_LETTERS) if any(runs_on.get(job) == frozenset({kind}) for job in order)]
     for table in tables:
         there = [job for job in order if table in runs_on.get(job, everywhere)]
         daemon_there = coordinator.join_ingest and "ingest" in there
@@ -401,8 +411,8 @@ def check_coordinator_order(config: Config, jobs: Mapping[str, frozenset[str]] =
 
 
 _WHY = {
-    "mutate": "jobs mutate changes table.uri only",
-    "ttl": "jobs ttl changes table.uri only",
+    "mutate": "jobs mutate changes table.uri only (and none when that names no one table)",
+    "ttl": "jobs ttl changes table.uri only (or, when that names no one table, runs on the dead-letter table)",
     "apply-changes": "jobs apply-changes writes its --target only, never a table the daemon writes",
     "ingest": "the daemon takes its ingest turns on the tables it writes only",
 }
@@ -411,8 +421,7 @@ _WHY = {
 def _writes_several_tables(config: Config) -> bool:
     """Whether the daemon may write a table besides ``table.uri``: routes to other tables, or a ``{topic}`` that
     more than one topic fills."""
-    kafka, table = config.kafka, config.table
-    only_topic = kafka.topic or (kafka.topics[0] if len(kafka.topics) == 1 else "")
+    table, only_topic = config.table, config.only_topic
     uris: set[str] = set()
     for uri, topic in [(table.uri, only_topic), *((r.uri or table.uri, r.topic or only_topic) for r in config.routes)]:
         if TOPIC_PLACEHOLDER in uri:

@@ -158,17 +158,17 @@ def run(args: argparse.Namespace, config: Config) -> int:
         session = _session(args, config, args.action)
         return _maintain(args, config, session, tables, job_name)
     from kafka2delta import faults
-    from kafka2delta.config.validation import JOB_TABLES, check_coordinator_order
-    from kafka2delta.spark.jobs import check_job_name, check_not_changelog
+    from kafka2delta.config.validation import check_coordinator_order, job_tables
+    from kafka2delta.spark.jobs import check_job_name, check_not_changelog, job_table
 
     faults.arm_from_environment()
     check_job_name(job_name)  # before the JVM starts (20 s)
     # The config's own check knows the jobs by their default names; this run's --job-name may be another.
-    check_coordinator_order(config, {job_name: JOB_TABLES[args.action]})
+    check_coordinator_order(config, {job_name: job_tables(config, args.action)})
     if args.action in ("mutate", "ttl"):
         check_not_changelog(config, args.action)
-    resource = config.table.uri
-    if args.action == "apply-changes":
+        resource = job_table(config, args.action)  # before the JVM starts: a ConfigError naming the key
+    else:
         from kafka2delta.spark.apply_changes import resolve_options
 
         args.apply_options = resolve_options(

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
-from kafka2delta.config import Config
+from kafka2delta.config import Config, without_credentials
 from kafka2delta.coordinator import Coordinator, CoordinatorError
 from kafka2delta.errors import ConfigError, Kafka2DeltaError, RetryableError
 from kafka2delta.spark.errors import ConflictingCommit, SourceSchemaChanged, SparkJobError, translate
@@ -125,19 +125,46 @@ def check_job_name(name: str) -> None:
         )
 
 
+def job_table(config: Config, job: str) -> str:
+    """The table ``jobs mutate``/``ttl`` take their turns on (the coordinator's resource, the report's table): the
+    one table ``table.uri`` names (a ``{topic}`` template filled with the only topic). When it names none (empty:
+    the routes name the tables) or many (a template several topics fill), ``ttl`` with only
+    ``jobs.dead_letter_retention_days`` runs on the daemon's dead-letter table (its deletes reach every
+    dead-letter table); anything else is a ConfigError naming what needs one table."""
+    if config.main_table_uri:
+        return config.main_table_uri
+    jobs, uri = config.jobs, config.table.uri
+    if job == "mutate":
+        key, what = "table.uri", "'jobs mutate' changes one table"
+    elif jobs.ttl_topic:
+        key, what = "jobs.ttl_topic", "'jobs ttl' deletes the subjects of jobs.ttl_topic from one table"
+    elif jobs.retention_column:
+        key, what = "jobs.retention_column", "'jobs ttl' deletes the rows past jobs.retention_days from one table"
+    else:
+        return config.dead_letter_table_uri
+    names = f"is a {{topic}} template several topics fill ({without_credentials(uri)})" if uri else "is empty"
+    raise ConfigError(
+        key,
+        f"{what}, and table.uri {names}: run it with a config whose table.uri is that table "
+        "(jobs.dead_letter_retention_days alone needs none: the job then runs on the daemon's dead-letter table)",
+    )
+
+
 def check_not_changelog(config: Config, job: str) -> None:
     """``jobs mutate``/``ttl`` change ``table.uri``; refuse it when the config writes it as a changelog table: their
     UPDATE/DELETE is a data-change commit, which stops the ``jobs apply-changes`` streaming query reading the
     changelog (Delta's streaming source refuses a source whose rows were changed or deleted) and never reaches the
-    current-state table. ConfigError naming ``table.mode`` (or the route's ``mode``)."""
+    current-state table. ConfigError naming ``table.mode`` (or the route's ``mode``). A config whose ``table.uri``
+    names no one table changes none (:func:`job_table`)."""
     from kafka2delta.spark.apply_changes import changelog_route
 
-    where = changelog_route(config, config.table.uri)
+    uri = config.main_table_uri
+    where = changelog_route(config, uri) if uri else None
     if where is None:
         return
     raise ConfigError(
         f"{where}.mode" if where != "table" else "table.mode",
-        f"{config.table.uri} is a changelog table (mode = 'changelog'): 'jobs {job}' would update or delete its rows, "
+        f"{uri} is a changelog table (mode = 'changelog'): 'jobs {job}' would update or delete its rows, "
         "a data-change commit that stops the 'jobs apply-changes' query reading it and never reaches the "
         "current-state table it keeps. Erase or change the data in the source database instead: Debezium's "
         "changes reach the changelog and, through apply-changes, its target (a delete, with --delete-mode hard, "
@@ -409,13 +436,14 @@ class StreamingJob(TurnJob[JobStats]):
             raise ValueError(job)
         check_not_changelog(config, job)
         name = job_name or job
+        uri = job_table(config, job)
         super().__init__(
             session,
             config,
             coordinator,
             name=name,
-            target=Target(config.table.uri, config.table.storage_options),
-            checkpoint=checkpoint_location(config, name),
+            target=Target(uri, config.table.storage_options),
+            checkpoint=checkpoint_location(config, name, uri),
             stats=JobStats(),
             step=f"jobs {job}",
         )
@@ -485,6 +513,12 @@ class StreamingJob(TurnJob[JobStats]):
         query.awaitTermination()
 
     def prepare(self) -> None:
+        if not self.config.main_table_uri and not is_table(self.target.uri, self.target.storage_options):
+            raise ConfigError(
+                "dead_letters.table_uri",
+                f"no Delta table at {self.target.uri}, the daemon's dead-letter table, where this 'jobs ttl' takes "
+                "its turns (table.uri names no one table): the daemon makes it when it starts",
+            )
         self.check_table()
 
     def check_table(self) -> None:

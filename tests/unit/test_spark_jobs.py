@@ -26,7 +26,7 @@ from kafka2delta.coordinator import Coordinator, NoBackend
 from kafka2delta.errors import ConfigError
 from kafka2delta.spark import commands, maintenance, tables
 from kafka2delta.spark.errors import ConflictingCommit, SourceSchemaChanged, SparkJobError, translate
-from kafka2delta.spark.jobs import StreamingJob, TurnJob, may_hold_rows_before
+from kafka2delta.spark.jobs import StreamingJob, TurnJob, job_table, may_hold_rows_before
 from kafka2delta.spark.maintenance import interval_hours, retention_check_off, vacuum
 from kafka2delta.spark.mutations import retention_bound, retention_predicate
 from kafka2delta.spark.report import Report
@@ -320,6 +320,43 @@ def test_the_ttl_job_deletes_dead_letters_past_their_retention_from_every_dead_l
         StreamingJob(Session(), _config(), "ttl", Coordinator(NoBackend(), "t"))  # type: ignore[arg-type]
 
 
+def test_a_ttl_job_without_one_table_keeps_the_dead_letter_retention_on_the_dead_letter_table(tmp_path: Path) -> None:
+    lake = tmp_path / "lake"
+    for name in ("a", "b"):
+        _table(lake / name)
+    old = {"date": pa.array([dt.date(2024, 4, 1)], pa.date32())}
+    daemons, own = _table(lake / "_dead_letters", **old), _table(tmp_path / "b_letters", **old)
+    routes = json.dumps(
+        [{"topic": "a", "uri": f"{lake}/a"}, {"topic": "b", "uri": f"{lake}/b", "dead_letter_table_uri": own}]
+    )
+    env = {"KAFKA__TOPIC": "", "KAFKA__TOPICS": "a,b", "ROUTES": routes, "JOBS__DEAD_LETTER_RETENTION_DAYS": "30"}
+    now = dt.datetime(2024, 5, 11, 13, 30, tzinfo=dt.UTC)
+    for uri in (f"{lake}/{{topic}}", ""):  # a template two topics fill; routes alone (table.uri empty)
+        config = _config(TABLE__URI=uri, DEAD_LETTERS__TABLE_URI="" if uri else daemons, **env)
+        assert config.main_table_uri == "" and job_table(config, "ttl") == daemons
+        job, statements = _ttl_turn(config, now)
+        assert job.target.uri == daemons and job.details()["dead_letters_deleted"] == 6
+        assert statements == [
+            f"DELETE FROM delta.`{spark_path(path)}` WHERE `date` < DATE '2024-04-11'" for path in (daemons, own)
+        ]
+    # What needs one table is refused, naming the key; a template one topic fills is that topic's table.
+    template = {**env, "TABLE__URI": f"{lake}/{{topic}}"}
+    refusals = [
+        ("mutate", {"JOBS__MUTATION_TOPIC": "m"}, r"table\.uri: 'jobs mutate' changes one table, and table\.uri is a"),
+        ("ttl", {"JOBS__TTL_TOPIC": "g", "JOBS__SUBJECT_COLUMN": "id"}, r"jobs\.ttl_topic: .* from one table"),
+        ("ttl", {"JOBS__RETENTION_COLUMN": "d", "JOBS__RETENTION_DAYS": "3"}, r"jobs\.retention_column: .*one table"),
+    ]
+    for action, more, refused in refusals:
+        with pytest.raises(ConfigError, match=refused):
+            StreamingJob(Session(), _config(**template, **more), action, Coordinator(NoBackend(), "t"))  # type: ignore[arg-type]
+    one = _config(**{**template, "KAFKA__TOPICS": "a", "ROUTES": "[]"}, JOBS__MUTATION_TOPIC="m")
+    assert job_table(one, "mutate") == job_table(one, "ttl") == f"{lake}/a"
+    # Before the daemon made its dead-letter table there is nothing to take turns on: refused, naming it.
+    missing = _config(TABLE__URI=str(tmp_path / "new" / "{topic}"), **env)
+    with pytest.raises(ConfigError, match=r"dead_letters\.table_uri: no Delta table at .*new/_dead_letters"):
+        _ttl_turn(missing, now)
+
+
 # -- 5. maintain never takes a dead-letter table for a topic table
 
 
@@ -397,6 +434,11 @@ ROUTED = {"KAFKA__TOPIC": "", "KAFKA__TOPICS": "a,b", "TABLE__URI": "/lake/{topi
         ({**ROUTED, **_coordinated("mutate,ttl,optimize,vacuum", COORDINATOR__JOIN_INGEST="false")}, "waits for"),
         # apply-changes never runs on a table the daemon writes, nor ingest on its target.
         ({"TABLE__URI": "/lake/t", **_coordinated("ingest,apply-changes,optimize")}, "waits for apply-changes"),
+        # With no one table, ttl runs on the daemon's dead-letter table, where mutate never does (nor anywhere).
+        (
+            {**ROUTED, **_coordinated("mutate,ttl,optimize", COORDINATOR__JOIN_INGEST="false")},
+            "cannot cycle on the daemon's dead-letter table: only ttl, optimize take turns there, never mutate",
+        ),
     ],
 )
 def test_an_order_that_cannot_cycle_on_some_table_is_refused(env: dict[str, str], stalled: str) -> None:
@@ -412,7 +454,12 @@ def test_an_order_that_cannot_cycle_on_some_table_is_refused(env: dict[str, str]
         {"KAFKA__TOPIC": "a", "TABLE__URI": "/lake/{topic}", **_coordinated("ingest,mutate,ttl,optimize")},
         {**ROUTED, **_coordinated("ingest,mutate,ttl,optimize", COORDINATOR__RESOURCE="lake")},  # one cycle
         {**ROUTED, **_coordinated("ingest,optimize")},  # jobs that run on every table
-        {**ROUTED, **_coordinated("mutate,ttl,optimize", COORDINATOR__JOIN_INGEST="false")},  # optimize alone
+        {**ROUTED, **_coordinated("ingest,ttl")},  # each alone where it runs: ttl on the dead-letter table
+        {  # optimize alone on the routed table
+            "TABLE__URI": "/lake/t",
+            "ROUTES": json.dumps([{"topic": "events", "uri": "/lake/r"}]),
+            **_coordinated("mutate,ttl,optimize", COORDINATOR__JOIN_INGEST="false"),
+        },
         # Two maintain jobs on a routed table, but order_timeout_s: it waits, never for good.
         {
             **ROUTED,
