@@ -1,20 +1,20 @@
-"""What the daemon tells about its progress, in one place: after each commit the metrics, the status
-board and the commit's log line; the lag gauges and the partitions on the status page; the periodic
-progress line. The loop calls it; nothing here decides anything.
+"""What the daemon tells about its progress, in one place: the stage counts of each processed piece; after
+each commit the metrics, the status board and the commit's log line, and the table's pace; the lag gauges and
+the partitions on the status page; the periodic progress line. The loop calls it; nothing here decides anything.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
 from kafka2delta.assignment import PartitionState
 from kafka2delta.metrics import CommitStats, Metrics
-from kafka2delta.records import DeadLetter, TopicPartition
+from kafka2delta.records import DeadLetter, ProcessedPartition, TopicPartition
 from kafka2delta.status import CommitRecord, StatusBoard
 from kafka2delta.value_buffers import PartitionBuffer, ValueBuffers
 
@@ -34,6 +34,7 @@ class Progress:
         wall_clock: Callable[[], float],
         interval_s: float,
         max_messages_per_file: int,
+        table_commits_per_s: float,
     ) -> None:
         self._metrics = metrics
         self._board = board
@@ -41,6 +42,7 @@ class Progress:
         self._wall_clock = wall_clock
         self._interval_s = interval_s
         self._max_messages_per_file = max_messages_per_file
+        self._table_commits_per_s = table_commits_per_s
         self._started = clock()
         self._last_logged = self._started
         self._last_messages = 0
@@ -55,6 +57,17 @@ class Progress:
     def taken(self, messages: int) -> None:
         """``messages`` more were taken into the buffers (rows, dead letters or skips to be)."""
         self.messages += messages
+
+    def processed(self, topic: str, outcomes: Iterable[ProcessedPartition], messages: int) -> None:
+        """Deserialized and failed-per-stage counts of one processed piece (per dead letter, not per message)."""
+        failed: Counter[str] = Counter()
+        empty = 0
+        for processed in outcomes:
+            failed.update(letter.stage for letter in processed.dead_letters)
+            empty += processed.skipped_empty
+        for stage, count in failed.items():
+            self._metrics.failed(topic, stage, count)
+        self._metrics.deserialized(topic, messages - empty - failed["deserialize"])
 
     def committed(
         self,
@@ -116,6 +129,19 @@ class Progress:
             filtered,
             flush_seconds,
         )
+
+    def paced(self, table: str, *, writers: float, interval_s: float, before_s: float) -> None:
+        """After a commit: the commit interval the table's pacer chose (logged when it moved by a quarter)."""
+        self._metrics.paced(table, interval_s, writers)
+        if abs(interval_s - before_s) >= max(0.5, before_s / 4):
+            logger.info(
+                "%s: about %.1f writers commit to it, budget %g commits/s: committing every %.1f s (was %.1f s)",
+                table,
+                writers,
+                self._table_commits_per_s,
+                interval_s,
+                before_s,
+            )
 
     def publish_partitions(
         self,

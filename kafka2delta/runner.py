@@ -28,8 +28,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from functools import partial
 
 from kafka2delta import faults
@@ -167,6 +166,7 @@ class Ingestor:
             wall_clock=wall_clock,
             interval_s=ingest.progress_interval_s,
             max_messages_per_file=ingest.max_messages_per_file,
+            table_commits_per_s=ingest.table_commits_per_s,
         )
 
     # --- the loop -----------------------------------------------------------------------
@@ -311,7 +311,7 @@ class Ingestor:
             outcomes = (
                 self._route(todo, tables) if tables.router else {tables.home.spec.uri: self._run(tables.home, todo)}
             )
-            self._count_stages(piece.topic, outcomes.values(), len(todo))
+            self._progress.processed(piece.topic, outcomes.values(), len(todo))
         result = {}
         for uri in state.tables:
             held = state.holds(uri)
@@ -339,17 +339,6 @@ class Ingestor:
             outcomes.get(home) or empty_outcome(messages, tables.home.pipeline.schema), parts.routed
         )
         return outcomes
-
-    def _count_stages(self, topic: str, outcomes: Iterable[ProcessedPartition], messages: int) -> None:
-        """Deserialized and failed-per-stage counts of one processed piece (per dead letter, not per message)."""
-        failed: Counter[str] = Counter()
-        empty = 0
-        for processed in outcomes:
-            failed.update(letter.stage for letter in processed.dead_letters)
-            empty += processed.skipped_empty
-        for stage, count in failed.items():
-            self._metrics.failed(topic, stage, count)
-        self._metrics.deserialized(topic, messages - empty - failed["deserialize"])
 
     def _caught_up(self) -> bool:
         """Every assigned partition has been taken up to the high watermark it had when first assigned."""
@@ -442,16 +431,7 @@ class Ingestor:
         before = table.pacer.interval_s
         interval = table.pacer.committed(version)
         self._buffers.set_latency(table.spec.uri, interval)
-        self._metrics.paced(table.name, interval, table.pacer.writers)
-        if abs(interval - before) >= max(0.5, before / 4):
-            logger.info(
-                "%s: about %.1f writers commit to it, budget %g commits/s: committing every %.1f s (was %.1f s)",
-                table.name,
-                table.pacer.writers,
-                self._config.ingest.table_commits_per_s,
-                interval,
-                before,
-            )
+        self._progress.paced(table.name, writers=table.pacer.writers, interval_s=interval, before_s=before)
 
     # --- flush: write, commit, record (one table) --------------------------------------------
 
