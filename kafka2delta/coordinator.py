@@ -51,7 +51,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol
 
-from kafka2delta.config import CoordinatorConfig
+from kafka2delta.config import CoordinatorConfig, table_key
 from kafka2delta.errors import ConfigError, RetryableError
 
 logger = logging.getLogger(__name__)
@@ -450,40 +450,10 @@ class Coordinator:
         self.close()
 
 
-def table_identity(table_uri: str) -> str:
-    """One spelling per table, whoever names it (the daemon's ``table.uri``, a job's ``--target``, ``maintain
-    --table``): a local path (``/x/t``, ``x/t``, ``file:///x/t``, ``file:/x/t``) as its absolute normalised path
-    (links not followed), ``s3a://`` as ``s3://``, the scheme in lower case, no trailing ``/``. A URI already so
-    spelled is unchanged.
-    Pure (no Spark): the daemon takes its coordinator turns under this name too."""
-    uri = table_uri.strip()
-    scheme, sep, rest = uri.partition("://")
-    if uri.startswith("file:"):
-        path = uri.removeprefix("file:")
-        if path.startswith("//"):
-            authority, _, tail = path[2:].partition("/")
-            if authority not in ("", "localhost"):
-                return uri  # file://host/x: another host's path, left as written
-            path = "/" + tail
-        return _absolute(path or "/")
-    if not sep:
-        return _absolute(uri) if uri else uri
-    scheme = scheme.lower()
-    if scheme == "s3a":
-        scheme = "s3"
-    return f"{scheme}://{rest}".rstrip("/")
-
-
-def _absolute(path: str) -> str:
-    """An absolute, normalised path, symlinks not followed: containers that mount one volume under different links
-    name it as they were told, and the lock is theirs to share by spelling it alike."""
-    return os.path.normpath(os.path.abspath(path))
-
-
 def resource_name(table_uri: str) -> str:
     """A znode/file-safe name for a table: its last path segment plus a hash of its URI as
-    :func:`table_identity` spells it, so every spelling of one table takes one lock."""
-    uri = table_identity(table_uri)
+    :func:`~kafka2delta.config.table_key` spells it, so every spelling of one table takes one lock."""
+    uri = table_key(table_uri)
     base = re.sub(r"[^A-Za-z0-9_.-]", "_", uri.rsplit("/", 1)[-1])[:60] or "table"
     digest = hashlib.sha256(uri.encode()).hexdigest()[:12]
     return f"{base}-{digest}"

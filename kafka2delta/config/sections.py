@@ -58,14 +58,28 @@ GCS_SCHEMES = ("gs",)
 _CONTAINER_USER_SCHEMES = frozenset({"abfs", "abfss", "az", "azure", "adl", "wasb", "wasbs"})
 
 
-def table_key(uri: str) -> str:
-    """``uri`` as tables are compared: two spellings of one table (a trailing ``/``, a relative or ``file://``
-    local path) give one key."""
-    if uri.startswith("file://"):
-        uri = uri[len("file://") :].removeprefix("localhost")  # file://localhost/data/t is /data/t
-    if "://" not in uri:
-        return os.path.abspath(uri)
-    return uri.rstrip("/")
+def table_key(table_uri: str) -> str:
+    """One spelling per table, whoever names it (routing comparing its routes' tables, the coordinator's lock, a
+    job's ``--target``, ``maintain --table``): a local path (``/x/t``, ``x/t``, ``file:///x/t``, ``file:/x/t``,
+    ``file://localhost/x/t``) as its absolute normalised path (links not followed: containers that mount one volume
+    under different links name it as they were told, and share a lock by spelling it alike), ``s3a://`` as
+    ``s3://``, the scheme in lower case, no trailing ``/``. A URI already so spelled is unchanged."""
+    uri = table_uri.strip()
+    scheme, sep, rest = uri.partition("://")
+    if uri.startswith("file:"):
+        path = uri.removeprefix("file:")
+        if path.startswith("//"):
+            authority, _, tail = path[2:].partition("/")
+            if authority not in ("", "localhost"):
+                return uri  # file://host/x: another host's path, left as written
+            path = "/" + tail
+        return os.path.normpath(os.path.abspath(path or "/"))
+    if not sep:
+        return os.path.normpath(os.path.abspath(uri)) if uri else uri
+    scheme = scheme.lower()
+    if scheme == "s3a":
+        scheme = "s3"
+    return f"{scheme}://{rest}".rstrip("/")
 
 
 def without_credentials(text: str) -> str:

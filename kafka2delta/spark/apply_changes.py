@@ -39,8 +39,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from kafka2delta import faults
 from kafka2delta.changes.options import BEFORE_COLUMN, DELETED_COLUMN
-from kafka2delta.config import TOPIC_PLACEHOLDER, Config, RouteConfig
-from kafka2delta.coordinator import Coordinator, table_identity
+from kafka2delta.config import TOPIC_PLACEHOLDER, Config, RouteConfig, table_key
+from kafka2delta.coordinator import Coordinator
 from kafka2delta.errors import ConfigError, Kafka2DeltaError
 from kafka2delta.spark.change_merge import (
     LSN,
@@ -100,16 +100,12 @@ class ApplyOptions:
     """Most changelog files one micro-batch reads (Delta's ``maxFilesPerTrigger``)."""
 
 
-def _norm(uri: str) -> str:
-    return table_identity(uri)
-
-
 def _matches(configured: str, uri: str, topics: re.Pattern[str] | None = None) -> bool:
     """Whether ``uri`` is the configured table (``{topic}`` standing for any topic name, or for one that
     ``topics`` finds)."""
-    pattern = re.escape(_norm(configured)).replace(re.escape(TOPIC_PLACEHOLDER), f"(?P<topic>{_TOPIC_NAME})", 1)
+    pattern = re.escape(table_key(configured)).replace(re.escape(TOPIC_PLACEHOLDER), f"(?P<topic>{_TOPIC_NAME})", 1)
     pattern = pattern.replace(re.escape(TOPIC_PLACEHOLDER), "(?P=topic)")
-    found = re.fullmatch(pattern, _norm(uri))
+    found = re.fullmatch(pattern, table_key(uri))
     if found is None:
         return False
     return topics is None or "topic" not in found.groupdict() or topics.search(found["topic"]) is not None
@@ -162,7 +158,7 @@ def changelog_route(config: Config, uri: str) -> str | None:
     for where, template, mode, topics in routes:
         if mode != "changelog" or not template:
             continue
-        if _norm(template) == _norm(uri) or _matches(template, uri, topics) or _matches(uri, template):
+        if table_key(template) == table_key(uri) or _matches(template, uri, topics) or _matches(uri, template):
             return where
     return None
 
@@ -182,7 +178,7 @@ def resolve_options(
         raise ConfigError("--source", "is required: the changelog table (table.mode = 'changelog') to read")
     if not target:
         raise ConfigError("--target", "is required: the current-state table to keep")
-    if _norm(source) == _norm(target):
+    if table_key(source) == table_key(target):
         raise ConfigError("--target", f"is the --source ({source}): the current state needs a table of its own")
     if max_files_per_trigger <= 0:
         raise ConfigError("--max-files-per-trigger", f"expected a positive number, got {max_files_per_trigger}")

@@ -207,17 +207,16 @@ def maintained_tables(config: Config, explicit: list[str]) -> list[str]:
     config writes: ``table.uri`` and the routes' URIs, ``{topic}`` standing for any name. Never a dead-letter
     table (the daemon's or a route's, however spelled: its columns are not the topic tables', so neither are
     ``--zorder-by`` and ``--where``); ``--dead-letters`` adds them (``tables.dead_letter_tables``)."""
-    from kafka2delta.config import TOPIC_PLACEHOLDER
-    from kafka2delta.coordinator import table_identity
+    from kafka2delta.config import TOPIC_PLACEHOLDER, table_key
     from kafka2delta.spark.tables import daemon_tables, expand
 
     tables = daemon_tables(config)
     patterns = explicit or [t.uri.replace(TOPIC_PLACEHOLDER, "*") for t in tables if not t.dead_letters]
     found = [uri for pattern in patterns for uri in expand(pattern, config.table.storage_options)]
-    dead_letters = {table_identity(t.uri) for t in tables if t.dead_letters}
+    dead_letters = {table_key(t.uri) for t in tables if t.dead_letters}
     maintained: dict[str, str] = {}
     for uri in found:
-        identity = table_identity(uri)
+        identity = table_key(uri)
         if identity not in dead_letters:
             maintained.setdefault(identity, uri)
     return list(maintained.values())

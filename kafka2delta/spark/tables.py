@@ -359,11 +359,11 @@ def dead_letter_tables(config: Config) -> list[str]:
     """The dead-letter tables (``maintain --dead-letters``, the dead-letter retention of ``jobs ttl``): the daemon's
     (it makes it at start), and each route's own that exists (the daemon makes those at a route's first dead
     letter)."""
-    from kafka2delta.coordinator import table_identity
+    from kafka2delta.config import table_key
 
-    found: dict[str, str] = {table_identity(config.dead_letter_table_uri): config.dead_letter_table_uri}
+    found: dict[str, str] = {table_key(config.dead_letter_table_uri): config.dead_letter_table_uri}
     for table in daemon_tables(config):
-        identity = table_identity(table.uri)
+        identity = table_key(table.uri)
         if table.dead_letters and identity not in found and is_table(table.uri, config.table.storage_options):
             found[identity] = table.uri
     return list(found.values())

@@ -63,15 +63,15 @@ def test_every_spelling_of_a_table_takes_one_lock(tmp_path: Path) -> None:
     name the table their own way; the coordinator's resource is the same for all, so they exclude each other."""
     import hashlib
 
-    from kafka2delta.config import CoordinatorConfig, load_config
-    from kafka2delta.coordinator import open_coordinator, resource_name, table_identity
+    from kafka2delta.config import CoordinatorConfig, load_config, table_key
+    from kafka2delta.coordinator import open_coordinator, resource_name
     from kafka2delta.routing import Routes
 
     table = tmp_path / "lake" / "t"
     spellings = [str(table), f"{table}/", f"file://{table}", f"file:{table}", f"file://localhost{table}"]
     relative = Path(*[".."] * len(Path.cwd().parts), *table.parts[1:])  # the same table, from the working directory
     spellings.append(str(relative))
-    assert {table_identity(uri) for uri in spellings} == {str(table.resolve())}
+    assert {table_key(uri) for uri in spellings} == {str(table.resolve())}
     assert len({resource_name(uri) for uri in spellings}) == 1
     assert resource_name("s3a://Bucket/t/") == resource_name("S3://Bucket/t")
     # A URI already spelled so keeps the name it had (a daemon and a job of the versions before share its lock).

@@ -242,6 +242,10 @@ def test_two_spellings_of_one_uri_are_one_table() -> None:
     routes = Routes(config(K2D_KAFKA__TOPICS="a,b", K2D_TABLE__APP_ID="shop", K2D_ROUTES=shared))
     assert [routes.table_for(t).txn_ids.main(TopicPartition(t, 0)) for t in "ab"] == ["shop-a-0", "shop-b-0"]
     assert [table_key(routes.table_for(t).uri) for t in "ab"] == [str(relative)] * 2
+    # s3a:// is s3://, and a scheme's case does not matter: one table (before, two to these checks).
+    clash = '[{"topic": "a", "uri": "s3a://lake/all"}, {"topic": "b", "uri": "S3://lake/all/", "app_id": "other"}]'
+    with pytest.raises(ConfigError, match=r"routes\[1\]\.app_id: 'other' differs from routes\[0\]'s 'shop'"):
+        Routes(config(K2D_KAFKA__TOPICS="a,b", K2D_TABLE__APP_ID="shop", K2D_ROUTES=clash))
 
 
 def test_a_table_cannot_be_a_dead_letter_table() -> None:
