@@ -82,6 +82,10 @@ def table_key(table_uri: str) -> str:
     return f"{scheme}://{rest}".rstrip("/")
 
 
+def _pattern_takes(pattern: str, topic: str) -> bool:
+    return bool(pattern) and re.search(pattern, topic) is not None
+
+
 def without_credentials(text: str) -> str:
     """``text`` (a URI, or what was meant as one) with its credentials masked: the password of
     ``user:password@host``, a lone user part of a URL (a token), and ``user:password@host:8081`` written with no
@@ -473,7 +477,7 @@ class JobsConfig:
     At least 1: a partition's recovery after a crash may read its newest dead letters."""
     checkpoint_dir: str = ""
     """Where the streaming queries keep their checkpoints (``<dir>/<job name>``, e.g. ``<dir>/mutate``).
-    Default: ``<table.uri>_checkpoints``."""
+    Default: ``<the job's table>_checkpoints`` (``table.uri``, or the topic's table a ``{topic}`` template names)."""
     trigger_interval_s: float = 10.0
     """Seconds between two turns of a running job (each turn processes what is available, under the lock)."""
     max_requests_per_batch: int = 10_000
@@ -534,13 +538,17 @@ class Config:
 
     @property
     def main_table_uri(self) -> str:
-        """The one table ``table.uri`` names, which ``jobs mutate`` and ``jobs ttl`` change: ``table.uri``, or its
-        ``{topic}`` template filled with the only topic; '' when it names none (empty) or many (a template that a
-        ``topic_pattern`` or several topics fill)."""
-        uri = self.table.uri
+        """The one table ``table.uri`` names, which ``jobs mutate`` and ``jobs ttl`` change: ``table.uri``; for a
+        ``{topic}`` template, the table of the only topic (through the first route that takes it, as the daemon
+        routes it); '' when it names none (empty) or many (a template that a ``topic_pattern``, several topics or
+        a ``[routing] expression`` fill)."""
+        uri, only = self.table.uri, self.only_topic
         if TOPIC_PLACEHOLDER not in uri:
             return uri
-        return uri.replace(TOPIC_PLACEHOLDER, self.only_topic) if self.only_topic else ""
+        if not only or self.routing.expression:
+            return ""
+        route = next((r for r in self.routes if r.topic == only or _pattern_takes(r.topic_pattern, only)), None)
+        return (route.uri if route and route.uri else uri).replace(TOPIC_PLACEHOLDER, only)
 
     @property
     def dead_letter_table_uri(self) -> str:

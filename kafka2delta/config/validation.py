@@ -353,9 +353,9 @@ def _validate_spark_jobs(config: Config) -> None:
 # table.uri alone (ttl's dead-letter retention drops whole old `date` partitions of the dead-letter tables, outside
 # their turns: a conflict with `maintain` there is a retried turn), `jobs apply-changes` its --target alone (never a
 # table the daemon writes), and the daemon (join_ingest) the tables it writes. When table.uri names no one table
-# (empty, or a {topic} template several topics fill), `mutate` cannot run and `ttl` (its dead-letter retention
-# alone) takes its turns on the daemon's dead-letter table. Anything else (`maintain`, a job of another name) may
-# run on any table.
+# (empty, or a {topic} template several topics fill), `mutate` cannot run, nor `ttl` but for its dead-letter
+# retention alone, which takes its turns on the daemon's dead-letter table. Anything else (`maintain`, a job of
+# another name: `maintain --dead-letters` on the dead-letter tables too) may run on any table.
 _MAIN, _ROUTED, _TARGET = "table.uri", "the daemon's other tables (routes, {topic})", "a jobs apply-changes --target"
 _DEAD_LETTERS = "the daemon's dead-letter table"
 JOB_TABLES: dict[str, frozenset[str]] = {
@@ -368,10 +368,12 @@ when ``table.uri`` names one table (:func:`job_tables`)."""
 
 
 def job_tables(config: Config, action: str) -> frozenset[str]:
-    """The tables the turns of ``jobs <action>`` are on with this config."""
-    if config.main_table_uri:
+    """The tables the turns of ``jobs <action>`` are on with this config (none: it cannot run)."""
+    if config.main_table_uri or action not in ("mutate", "ttl"):
         return JOB_TABLES[action]
-    return {"mutate": frozenset[str](), "ttl": frozenset({_DEAD_LETTERS})}.get(action, JOB_TABLES[action])
+    jobs = config.jobs
+    dead_letters_alone = jobs.dead_letter_retention_days and not (jobs.ttl_topic or jobs.retention_column)
+    return frozenset({_DEAD_LETTERS}) if action == "ttl" and dead_letters_alone else frozenset()
 
 
 def check_coordinator_order(config: Config, jobs: Mapping[str, frozenset[str]] = {}) -> None:
@@ -389,7 +391,7 @@ def check_coordinator_order(config: Config, jobs: Mapping[str, frozenset[str]] =
     if coordinator.join_ingest:
         runs_on["ingest"] = frozenset({_MAIN, _ROUTED})
     tables = [_MAIN] if config.table.uri else []
-    if _writes_several_tables(config):
+    if _writes_several_tables(config) or (config.routes and not config.table.uri):
         tables.append(_ROUTED)
     tables += [kind for kind in (_TARGET, _DEAD_LETTERS) if any(runs_on.get(job) == frozenset({kind}) for job in order)]
     for table in tables:

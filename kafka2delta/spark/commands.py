@@ -17,7 +17,9 @@ files before/after, rows changed, duration) and exits 0 (done, or skipped becaus
 routes' URIs, a ``{topic}`` matching every table beside it; never a dead-letter table, which ``--dead-letters``
 adds) or on the ``--table`` URIs and globs given; one table's failure is reported and the others are still done
 (exit 1 at the end, 2 if a failure was a configuration error). ``jobs apply-changes`` takes its turns on the
-``--target`` table (the coordinator's resource), the others on ``table.uri``.
+``--target`` table (the coordinator's resource), the others on the table ``table.uri`` names (or, for ``ttl``'s
+dead-letter retention alone when that names no one table, on the daemon's dead-letter table:
+:func:`~kafka2delta.spark.jobs.job_table`).
 """
 
 from __future__ import annotations

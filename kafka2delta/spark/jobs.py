@@ -143,22 +143,21 @@ def job_table(config: Config, job: str) -> str:
     else:
         return config.dead_letter_table_uri
     names = f"is a {{topic}} template several topics fill ({without_credentials(uri)})" if uri else "is empty"
-    raise ConfigError(
-        key,
-        f"{what}, and table.uri {names}: run it with a config whose table.uri is that table "
-        "(jobs.dead_letter_retention_days alone needs none: the job then runs on the daemon's dead-letter table)",
-    )
+    alone = "" if job == "mutate" else " (its dead-letter retention alone needs none: it runs on the dead-letter table)"
+    raise ConfigError(key, f"{what}, and table.uri {names}: run it with a config whose table.uri is that table{alone}")
 
 
 def check_not_changelog(config: Config, job: str) -> None:
     """``jobs mutate``/``ttl`` change ``table.uri``; refuse it when the config writes it as a changelog table: their
     UPDATE/DELETE is a data-change commit, which stops the ``jobs apply-changes`` streaming query reading the
     changelog (Delta's streaming source refuses a source whose rows were changed or deleted) and never reaches the
-    current-state table. ConfigError naming ``table.mode`` (or the route's ``mode``). A config whose ``table.uri``
-    names no one table changes none (:func:`job_table`)."""
+    current-state table. ConfigError naming ``table.mode`` (or the route's ``mode``). A ``ttl`` that only deletes
+    dead letters changes no table of the config's."""
     from kafka2delta.spark.apply_changes import changelog_route
 
-    uri = config.main_table_uri
+    jobs, uri = config.jobs, config.main_table_uri
+    if job == "ttl" and jobs.dead_letter_retention_days and not (jobs.ttl_topic or jobs.retention_column):
+        return
     where = changelog_route(config, uri) if uri else None
     if where is None:
         return
@@ -457,6 +456,12 @@ class StreamingJob(TurnJob[JobStats]):
             raise ConfigError("jobs.mutation_topic", "is required by 'jobs mutate'")
         if job == "ttl":
             if not self.topic and not jobs.retention_column and not jobs.dead_letter_retention_days:
+                if not config.main_table_uri:  # the other two would be refused (job_table)
+                    raise ConfigError(
+                        "jobs.dead_letter_retention_days",
+                        "is what 'jobs ttl' can do when table.uri names no one table: set it, or run ttl with a "
+                        "config whose table.uri is one table",
+                    )
                 raise ConfigError(
                     "jobs.ttl_topic",
                     "'jobs ttl' needs jobs.ttl_topic, jobs.retention_column or jobs.dead_letter_retention_days",

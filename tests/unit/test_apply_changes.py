@@ -159,6 +159,11 @@ def test_mutate_and_ttl_refuse_a_changelog_table(tmp_path: Path) -> None:
     assert changelog_route(routed, routed.table.uri) == "routes[0]"
     check_not_changelog(_config(tmp_path), "mutate")
     check_not_changelog(_config(tmp_path, TABLE__MODE="upsert", TABLE__KEY="id"), "ttl")
+    # A ttl that only deletes dead letters changes no changelog; mutate, or ttl with a retention, still would.
+    letters_only = _config(tmp_path, TABLE__MODE="changelog", TABLE__KEY="id", JOBS__DEAD_LETTER_RETENTION_DAYS="30")
+    check_not_changelog(letters_only, "ttl")
+    with pytest.raises(ConfigError, match="is a changelog table"):
+        check_not_changelog(letters_only, "mutate")
 
 
 def flaky_storage(config: Config) -> FlakyTurn:

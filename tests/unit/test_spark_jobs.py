@@ -21,7 +21,7 @@ from deltalake import write_deltalake
 from pyspark.errors import PySparkException
 
 from kafka2delta.config import Config, load_config
-from kafka2delta.config.validation import JOB_TABLES, check_coordinator_order
+from kafka2delta.config.validation import check_coordinator_order, job_tables
 from kafka2delta.coordinator import Coordinator, NoBackend
 from kafka2delta.errors import ConfigError
 from kafka2delta.spark import commands, maintenance, tables
@@ -349,8 +349,17 @@ def test_a_ttl_job_without_one_table_keeps_the_dead_letter_retention_on_the_dead
     for action, more, refused in refusals:
         with pytest.raises(ConfigError, match=refused):
             StreamingJob(Session(), _config(**template, **more), action, Coordinator(NoBackend(), "t"))  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"^jobs\.dead_letter_retention_days: is what 'jobs ttl' can do"):
+        nothing = _config(**{**template, "JOBS__DEAD_LETTER_RETENTION_DAYS": "0"})
+        StreamingJob(Session(), nothing, "ttl", Coordinator(NoBackend(), "t"))  # type: ignore[arg-type]
     one = _config(**{**template, "KAFKA__TOPICS": "a", "ROUTES": "[]"}, JOBS__MUTATION_TOPIC="m")
     assert job_table(one, "mutate") == job_table(one, "ttl") == f"{lake}/a"
+    # ... as the daemon routes it: through the first route that takes the topic.
+    for route, table in (
+        ({"topic": "a", "uri": "/x/t"}, "/x/t"),
+        ({"topic_pattern": "^a", "uri": "/p/{topic}"}, "/p/a"),
+    ):
+        assert _config(**{**template, "KAFKA__TOPICS": "a", "ROUTES": json.dumps([route])}).main_table_uri == table
     # Before the daemon made its dead-letter table there is nothing to take turns on: refused, naming it.
     missing = _config(TABLE__URI=str(tmp_path / "new" / "{topic}"), **env)
     with pytest.raises(ConfigError, match=r"dead_letters\.table_uri: no Delta table at .*new/_dead_letters"):
@@ -434,10 +443,25 @@ ROUTED = {"KAFKA__TOPIC": "", "KAFKA__TOPICS": "a,b", "TABLE__URI": "/lake/{topi
         ({**ROUTED, **_coordinated("mutate,ttl,optimize,vacuum", COORDINATOR__JOIN_INGEST="false")}, "waits for"),
         # apply-changes never runs on a table the daemon writes, nor ingest on its target.
         ({"TABLE__URI": "/lake/t", **_coordinated("ingest,apply-changes,optimize")}, "waits for apply-changes"),
-        # With no one table, ttl runs on the daemon's dead-letter table, where mutate never does (nor anywhere).
+        # With no one table, ttl (the dead-letter retention alone) runs on the daemon's dead-letter table, where
+        # mutate never does (nor anywhere): maintain --dead-letters would wait there for mutate.
         (
-            {**ROUTED, **_coordinated("mutate,ttl,optimize", COORDINATOR__JOIN_INGEST="false")},
+            {
+                **ROUTED,
+                **_coordinated("mutate,ttl,optimize", COORDINATOR__JOIN_INGEST="false"),
+                "JOBS__DEAD_LETTER_RETENTION_DAYS": "30",
+            },
             "cannot cycle on the daemon's dead-letter table: only ttl, optimize take turns there, never mutate",
+        ),
+        # Routes alone writing one table: mutate runs nowhere, so optimize would wait for it there.
+        (
+            {
+                "TABLE__URI": "",
+                "DEAD_LETTERS__TABLE_URI": "/lake/_dlq",
+                "ROUTES": json.dumps([{"topic": "events", "uri": "/lake/x"}]),
+                **_coordinated("ingest,mutate,optimize"),
+            },
+            "cannot cycle on the daemon's other tables (routes, {topic}): only ingest, optimize",
         ),
     ],
 )
@@ -454,12 +478,15 @@ def test_an_order_that_cannot_cycle_on_some_table_is_refused(env: dict[str, str]
         {"KAFKA__TOPIC": "a", "TABLE__URI": "/lake/{topic}", **_coordinated("ingest,mutate,ttl,optimize")},
         {**ROUTED, **_coordinated("ingest,mutate,ttl,optimize", COORDINATOR__RESOURCE="lake")},  # one cycle
         {**ROUTED, **_coordinated("ingest,optimize")},  # jobs that run on every table
-        {**ROUTED, **_coordinated("ingest,ttl")},  # each alone where it runs: ttl on the dead-letter table
+        # Each alone where it runs: ttl on the dead-letter table.
+        {**ROUTED, **_coordinated("ingest,ttl"), "JOBS__DEAD_LETTER_RETENTION_DAYS": "30"},
         {  # optimize alone on the routed table
             "TABLE__URI": "/lake/t",
             "ROUTES": json.dumps([{"topic": "events", "uri": "/lake/r"}]),
             **_coordinated("mutate,ttl,optimize", COORDINATOR__JOIN_INGEST="false"),
         },
+        # No one table and no dead-letter retention: mutate and ttl run nowhere, optimize alone everywhere.
+        {**ROUTED, **_coordinated("mutate,ttl,optimize", COORDINATOR__JOIN_INGEST="false")},
         # Two maintain jobs on a routed table, but order_timeout_s: it waits, never for good.
         {
             **ROUTED,
@@ -475,4 +502,30 @@ def test_orders_that_cycle_on_every_table_are_accepted(env: dict[str, str]) -> N
 def test_a_job_name_in_the_order_counts_where_its_job_runs() -> None:
     config = _config(**ROUTED, **_coordinated("ingest,gdpr,optimize"))  # gdpr could be any job: accepted
     with pytest.raises(ConfigError, match=r"coordinator.order: .* never gdpr"):
-        check_coordinator_order(config, {"gdpr": JOB_TABLES["ttl"]})  # jobs ttl --job-name gdpr
+        check_coordinator_order(config, {"gdpr": job_tables(config, "ttl")})  # jobs ttl --job-name gdpr
+
+
+def test_the_jobs_lock_the_table_they_run_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``jobs mutate``/``ttl`` take the coordinator's lock of their table (the one the daemon takes on it), before
+    Spark starts: the dead-letter table for the dead-letter retention alone, refused naming the key otherwise."""
+    from kafka2delta import coordinator
+
+    locked: list[str] = []
+
+    def open_coordinator(config: Any, uri: str) -> Coordinator:
+        locked.append(uri)
+        return Coordinator(NoBackend(), uri)
+
+    monkeypatch.setattr(coordinator, "open_coordinator", open_coordinator)
+    monkeypatch.setattr(commands, "_session", lambda *args: None)
+    monkeypatch.setattr(commands, "_job", lambda *args: 0)
+
+    def run(action: str, **env: str) -> None:
+        commands.run(argparse.Namespace(command="jobs", action=action, job_name=None), _config(**env))
+
+    run("ttl", **ROUTED, JOBS__DEAD_LETTER_RETENTION_DAYS="30")
+    run("mutate", KAFKA__TOPIC="a", TABLE__URI="/lake/{topic}", JOBS__MUTATION_TOPIC="m")
+    assert locked == ["/lake/_dead_letters", "/lake/a"]
+    with pytest.raises(ConfigError, match=r"^table\.uri: 'jobs mutate' changes one table"):
+        run("mutate", **ROUTED, JOBS__MUTATION_TOPIC="m")
+    assert len(locked) == 2
