@@ -41,19 +41,26 @@ class PartitionState:
     counted_dead_letters: set[int] = field(default_factory=set)
     """Dead letters counted in the metrics although no table's txn covers them yet (recorded while the table could
     not be created): a replay that finds them recorded does not count them again as skips."""
+    start_marks: dict[str, int] = field(default_factory=dict)
+    """For tables without a txn for the partition: where the partition was marked to start in them while they did
+    not exist yet (the dead-letter table keeps these marks); such a table holds the outcomes up to its mark."""
 
     @property
     def committed(self) -> int | None:
-        """The last offset every table holds the outcome of: the lowest version (None: no table holds any).
-        A table holding nothing while the others hold something joined later (a route added since): it
-        starts where the partition is."""
-        held = [version for version in self.tables.values() if version is not None]
+        """The last offset every table holds the outcome of: the lowest version or start mark (None: no table holds
+        any). A table holding nothing while the others hold something, with no mark, joined later (a route added
+        since): it starts where the partition is."""
+        held = [version for table in self.tables if (version := self._held(table)) is not None]
         return min(held) if held else None
 
     def holds(self, table: str) -> int | None:
         """The last offset whose outcome ``table`` holds (a table that joined later: where it started)."""
-        version = self.tables[table]
+        version = self._held(table)
         return version if version is not None else self.committed
+
+    def _held(self, table: str) -> int | None:
+        version = self.tables[table]
+        return version if version is not None else self.start_marks.get(table)
 
     def lag(self) -> int:
         """Messages the broker holds beyond what is committed; never negative (a cached watermark may trail)."""

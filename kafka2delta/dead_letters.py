@@ -9,12 +9,16 @@ already dead letters (:meth:`DeadLetterTable.recorded_offsets`) and takes them a
 duplicate dead letter, none lost, and no message both a row and a dead letter. Optionally each dead
 letter is also produced to a Kafka topic (:class:`kafka2delta.kafka.DeadLetterTopic`; at least once:
 it is produced before the table commit, so a retry can produce it twice).
+
+The table also keeps the start marks of tables that do not exist yet (:meth:`DeadLetterTable.mark_starts`):
+txns of their own, no rows.
 """
 
 from __future__ import annotations
 
 import base64
 import datetime as dt
+import hashlib
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -22,6 +26,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from kafka2delta.config import table_key, without_credentials
 from kafka2delta.errors import FatalError, SchemaChanged
 from kafka2delta.records import DeadLetter, OffsetRange, TopicPartition
 from kafka2delta.writer import DeltaWriter, LegacyTxnId
@@ -139,6 +144,28 @@ class DeadLetterTable:
 
     def committed_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int | None]:
         return self._writer.committed_offsets(partitions)
+
+    def start_marks(self, table: str, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int | None]:
+        """Where each partition starts in ``table`` as :meth:`mark_starts` recorded it (None: no mark)."""
+        return self._marks(table).committed_offsets(partitions)
+
+    def mark_starts(self, table: str, starts: Mapping[TopicPartition, int]) -> int:
+        """Record where partitions start in ``table``, a table of ``[routing] expression`` that has no schema and
+        does not exist yet, so cannot take the empty commit that gives its other tables their start (DESIGN.md,
+        invariant 11): a txn-only commit here, app ids ``<prefix>-<topic>-start-<table hash>-<partition>``, read
+        back at assignment while ``table`` holds no txn of its own for the partition. Raises like :meth:`commit`
+        (CommitConflict: another process marked it first)."""
+        metadata = {"operation": "mark starts", "table": without_credentials(table), "rows": 0, "marks_start": True}
+        self._writer.refresh_schema()  # the view copies it: a txn-only commit fits any schema, but is checked too
+        return self._marks(table).commit([], dict.fromkeys(starts), dict(starts), metadata)
+
+    def _marks(self, table: str) -> DeltaWriter:
+        digest = hashlib.sha256(table_key(table).encode()).hexdigest()[:12]
+
+        def txn_id(tp: TopicPartition) -> str:
+            return f"{self._prefix(tp.topic)}-{tp.topic}-start-{digest}-{tp.partition}"
+
+        return self._writer.under_txn_ids(txn_id)
 
     def recorded_offsets(self, tp: TopicPartition, after: int | None, upto: int) -> set[int]:
         """Offsets in (after, upto] of ``tp`` that are dead letters in the table."""

@@ -154,6 +154,12 @@ class DeadLetterStore(Protocol):
         """Offsets in (after, upto] of ``tp`` that are dead letters in the table."""
         ...
 
+    def start_marks(self, table: str, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int | None]:
+        """Where partitions start in ``table``, a table that did not exist when they were marked (None: no mark)."""
+        ...
+
+    def mark_starts(self, table: str, starts: Mapping[TopicPartition, int]) -> int: ...
+
     def commit(
         self,
         letters: Mapping[TopicPartition, Sequence[DeadLetter]],

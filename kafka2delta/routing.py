@@ -292,7 +292,11 @@ class Routes:
                 raise ConfigError(
                     f"{route.key}.dead_letter_table_uri",
                     f"{self._dead_letter_uri(route)!r} differs from {earlier_letters[0]}'s {earlier_letters[1]!r}"
-                    + (", and [routing] expression" if uri == "*" else f", which writes the same table {uri}"),
+                    + (
+                        ", and [routing] expression"
+                        if uri == "*"
+                        else f", which writes the same table {without_credentials(self._uri(route.config))}"
+                    ),
                 )
         made: dict[str, tuple[str, tuple[object, ...]]] = {}
         for route in self._routes:

@@ -542,8 +542,9 @@ class Ingestor:
         state = self._partitions.get(tp)
         if state is None:
             return
-        versions, letters, recorded = self._positions.read(list(state.tables), [tp])
+        versions, letters, recorded, marks = self._positions.read(list(state.tables), [tp])
         state.tables = versions[tp]
+        state.start_marks = marks.get(tp, {})
         state.position = state.committed
         state.dead_letters_committed = letters[tp]
         state.recorded_dead_letters = recorded.get(tp, set())
@@ -591,10 +592,10 @@ class Ingestor:
         starts: dict[TopicPartition, int | LogicalOffset] = {}
         for topic, tps in by_topic.items():
             tables = self._tables.for_topic(topic)
-            versions, letters, recorded = self._positions.read(tables.uris, tps)
+            versions, letters, recorded, marks = self._positions.read(tables.uris, tps)
             watermarks = {tp: self._retrier.run("watermarks", partial(self._source.watermarks, tp)) for tp in tps}
             if len(tables.uris) > 1:
-                self._positions.mark_starts(tables, versions, watermarks)
+                self._positions.mark_starts(tables, versions, marks, watermarks)
             for tp in tps:
                 state = PartitionState(
                     tp=tp,
@@ -604,6 +605,7 @@ class Ingestor:
                     position=None,
                     high_watermark=-1,
                     recorded_dead_letters=recorded.get(tp, set()),
+                    start_marks=marks.get(tp, {}),
                 )
                 low, high = watermarks[tp]
                 decision = start_position(

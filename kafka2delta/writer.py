@@ -7,6 +7,7 @@ so every row traces back to Kafka. deltalake's exceptions are caught here and no
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
 import logging
 import re
@@ -278,6 +279,13 @@ class DeltaWriter:
         except (DeltaError, OSError) as exc:
             raise RetryableError(f"adding columns to {self._uri}: {exc}") from exc
         self.schema = _table_schema(self._table)
+
+    def under_txn_ids(self, txn_id: TxnId) -> DeltaWriter:
+        """This writer (the same handle) reading and committing other txn ids, with no legacy ones: the start marks
+        the dead-letter table keeps for tables that do not exist yet (:meth:`DeadLetterTable.mark_starts`)."""
+        view = copy.copy(self)
+        view._txn_id, view._legacy_txn_id, view._landed = txn_id, None, None
+        return view
 
     def committed_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int | None]:
         """The txn versions of ``partitions`` in the newest table version."""

@@ -174,6 +174,13 @@ class RecordingDeadLetters(DeadLetterStore):
     def recorded_offsets(self, tp: TopicPartition, after: int | None, upto: int) -> set[int]:
         return self.table.recorded_offsets(tp, after, upto)
 
+    def start_marks(self, table: str, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int | None]:
+        return self.table.start_marks(table, partitions)
+
+    def mark_starts(self, table: str, starts: Mapping[TopicPartition, int]) -> int:
+        self.commits += 1
+        return self.table.mark_starts(table, starts)
+
     def commit(
         self,
         letters: Mapping[TopicPartition, Sequence[DeadLetter]],

@@ -4,6 +4,7 @@ configuration that more topics join without a migration. Real local Delta tables
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from pathlib import Path
@@ -17,8 +18,10 @@ from deltalake.schema import PrimitiveType
 
 from kafka2delta.cli import build_pipeline, open_table, open_table_writer
 from kafka2delta.config import Config, load_config
+from kafka2delta.dead_letters import DeadLetterTable
 from kafka2delta.deferred_tables import DeferredTable
 from kafka2delta.errors import ConfigError, FatalError, SchemaChanged
+from kafka2delta.offsets import TxnIds
 from kafka2delta.records import ConsumedBatch, TopicPartition
 from kafka2delta.routing import Routes, TableSpec
 from kafka2delta.tables import OpenedTable
@@ -294,6 +297,55 @@ def test_a_crash_between_two_tables_commits_of_one_partition_leaves_each_exact(t
     assert source.starts == {E0: 3}  # the lower version + 1
     assert ids(tmp_path / "clicks") == ["e0", "e1", "e5", "e6"]  # nothing twice
     assert ids(tmp_path / "orders") == ["e2", "e7"]
+    assert [(row["offset"], row["stage"]) for row in dead_letters(tmp_path)] == [(3, "route"), (4, "route")]
+
+
+def test_a_crash_between_the_first_commits_of_two_tables_made_from_their_rows_leaves_each_exact(
+    tmp_path: Path,
+) -> None:
+    """Neither table has a schema, so neither exists before its first rows and neither can take the empty commit
+    that marks where the partition starts in it: the dead-letter table keeps those marks. clicks is made by the
+    flush and orders' first commit fails: the restart reads from orders' mark, and orders gets its row (before the
+    marks, orders was taken for a route added since and started after clicks' version: e2 was lost)."""
+    routes = [{"name": "clicks", "uri": str(tmp_path / "clicks")}, {"name": "orders", "uri": str(tmp_path / "orders")}]
+    cfg = tables_config(
+        tmp_path,
+        K2D_TABLE__SCHEMA="{}",
+        K2D_TABLE__SCHEMA_EVOLUTION="merge",
+        K2D_KAFKA__TOPIC="e",
+        K2D_ROUTES=json.dumps(routes),
+        K2D_ROUTING__EXPRESSION="kind",
+    )
+
+    def failing_orders(spec: TableSpec) -> OpenedTable:
+        opened = open_table(cfg, spec)
+        if spec.uri.endswith("/orders"):
+            empty_commit = opened.writer.commit  # the start mark's: the table does not exist, so it is refused
+
+            def refuse(actions: Any, *args: Any) -> int:
+                if not actions:
+                    return empty_commit(actions, *args)
+                raise FatalError("the storage of orders refuses its first rows")
+
+            opened.writer.commit = refuse  # type: ignore[method-assign,assignment]
+            opened.writer.commit_evolution = refuse  # type: ignore[method-assign,assignment]
+        return opened
+
+    with pytest.raises(FatalError):
+        ingest_until_caught_up(cfg, TopicsSource([messages_of(E0, 0, events())], {E0: 7}), failing_orders)
+    assert DeltaTable(str(tmp_path / "clicks")).transaction_version("e-0") == 6 and not (tmp_path / "orders").exists()
+    # Both were marked at -1 (auto_offset_reset = earliest), in the dead-letter table's log.
+    orders = hashlib.sha256(str(tmp_path / "orders").encode()).hexdigest()[:12]
+    assert DeltaTable(str(tmp_path / "dlq")).transaction_version(f"e-e-start-{orders}-0") == -1
+    letters = DeadLetterTable.open(str(tmp_path / "dlq"), {}, TxnIds().prefix, "snappy", 10)
+    assert [letters.start_marks(str(tmp_path / name), [E0]) for name in ("clicks", "orders")] == [{E0: -1}] * 2
+
+    source = TopicsSource([messages_of(E0, 0, events())], {E0: 7})
+    ingest_until_caught_up(cfg, source)
+    assert source.starts == {E0: 0}  # orders' mark + 1
+    assert ids(tmp_path / "clicks") == ["e0", "e1", "e5", "e6"]  # nothing twice
+    assert ids(tmp_path / "orders") == ["e2"]
+    assert DeltaTable(str(tmp_path / "orders")).transaction_version("e-0") == 6
     assert [(row["offset"], row["stage"]) for row in dead_letters(tmp_path)] == [(3, "route"), (4, "route")]
 
 
