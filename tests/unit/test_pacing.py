@@ -1,13 +1,17 @@
 """CommitPacer: a fleet of writers sharing one table's log settles at the table's commit budget; one writer alone
-keeps its allowed latency."""
+keeps its allowed latency. How the pace is told (gauges, a log line)."""
 
 from __future__ import annotations
 
 import heapq
+import logging
 
 import pytest
 
+from kafka2delta.metrics import Metrics
 from kafka2delta.pacing import MAX_INTERVAL_S, CommitPacer
+from kafka2delta.progress import Progress
+from kafka2delta.status import StatusBoard
 
 
 def _fleet(writers: int, allowed_latency_s: float, budget: float, seconds: float = 600.0) -> tuple[float, float]:
@@ -57,3 +61,31 @@ def test_a_replaced_table_starts_the_count_again() -> None:
     assert pacer.interval_s == 10.0
     pacer.committed(3)  # version went back: a new table
     assert pacer.committed(4) == 1.0 and pacer.writers == 1.0
+
+
+def test_the_pace_is_published_and_logged_when_it_moves_by_a_quarter(caplog: pytest.LogCaptureFixture) -> None:
+    """Progress.paced: the interval and writers gauges after every commit; the log line (under
+    kafka2delta.progress, beside the commit lines) only when the interval moved by a quarter, at least 0.5 s."""
+    metrics = Metrics()
+    board = StatusBoard("t", "app", "group", "/lake/t", "/lake/t_dead_letters", 10.0, clock=lambda: 0.0)
+    progress = Progress(
+        metrics=metrics,
+        board=board,
+        clock=lambda: 0.0,
+        wall_clock=lambda: 0.0,
+        interval_s=60.0,
+        max_messages_per_file=1000,
+        table_commits_per_s=2.0,
+    )
+    caplog.set_level(logging.INFO, logger="kafka2delta.progress")
+    progress.paced("events", writers=8.0, interval_s=4.0, before_s=1.0)
+    progress.paced("events", writers=8.0, interval_s=4.4, before_s=4.0)  # moved by a tenth: not said
+    gauge = metrics.registry.get_sample_value
+    assert gauge("kafka2delta_commit_interval_seconds", {"table": "events"}) == 4.4
+    assert gauge("kafka2delta_table_writers", {"table": "events"}) == 8.0
+    assert [(r.name, r.getMessage()) for r in caplog.records] == [
+        (
+            "kafka2delta.progress",
+            "events: about 8.0 writers commit to it, budget 2 commits/s: committing every 4.0 s (was 1.0 s)",
+        )
+    ]
