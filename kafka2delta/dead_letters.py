@@ -28,6 +28,7 @@ import pyarrow.compute as pc
 
 from kafka2delta.config import table_key, without_credentials
 from kafka2delta.errors import FatalError, SchemaChanged
+from kafka2delta.offsets import RETIRED_MARK
 from kafka2delta.records import DeadLetter, OffsetRange, TopicPartition
 from kafka2delta.writer import DeltaWriter, LegacyTxnId
 
@@ -146,18 +147,21 @@ class DeadLetterTable:
         return self._writer.committed_offsets(partitions)
 
     def start_marks(self, table: str, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int | None]:
-        """Where each partition starts in ``table`` as :meth:`mark_starts` recorded it (None: no mark)."""
-        return self._marks(table).committed_offsets(partitions)
+        """Where each partition starts in ``table`` as :meth:`mark_starts` recorded it (None: no mark, or retired)."""
+        marks = self._marks(table).committed_offsets(partitions)
+        return {tp: mark if mark is not None and mark > RETIRED_MARK else None for tp, mark in marks.items()}
 
     def mark_starts(self, table: str, starts: Mapping[TopicPartition, int]) -> int:
-        """Record where partitions start in ``table``, a table of ``[routing] expression`` that has no schema and
-        does not exist yet, so cannot take the empty commit that gives its other tables their start (DESIGN.md,
-        invariant 11): a txn-only commit here, app ids ``<prefix>-<topic>-start-<table hash>-<partition>``, read
-        back at assignment while ``table`` holds no txn of its own for the partition. Raises like :meth:`commit`
-        (CommitConflict: another process marked it first)."""
+        """Record where partitions start in ``table`` (the last offset before it, or :data:`RETIRED_MARK`: no mark
+        any more), a table of ``[routing] expression`` with no txn for them: one made by its first rows, whose first
+        commit would follow another such table's in a flush (DESIGN.md, invariant 11). A txn-only commit here, app
+        ids ``<prefix>-<topic>-start-<table hash>-<partition>``, read back while ``table`` holds no txn of its own
+        for the partition. Conditional on the marks read just before; raises like :meth:`commit` (CommitConflict:
+        another process marked them meanwhile)."""
         metadata = {"operation": "mark starts", "table": without_credentials(table), "rows": 0, "marks_start": True}
         self._writer.refresh_schema()  # the view copies it: a txn-only commit fits any schema, but is checked too
-        return self._marks(table).commit([], dict.fromkeys(starts), dict(starts), metadata)
+        marks = self._marks(table)
+        return marks.commit([], marks.committed_offsets(starts), dict(starts), metadata)
 
     def _marks(self, table: str) -> DeltaWriter:
         digest = hashlib.sha256(table_key(table).encode()).hexdigest()[:12]

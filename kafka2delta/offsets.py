@@ -18,6 +18,11 @@ from kafka2delta.records import TopicPartition
 K = TypeVar("K", bound=Hashable)
 
 
+RETIRED_MARK = -2
+"""A start mark (:meth:`kafka2delta.dead_letters.DeadLetterTable.mark_starts`) no longer in force: marks are the
+offset before a start, never below -1."""
+
+
 @dataclass(frozen=True)
 class TxnIds:
     """How one table names the txn app id of each topic partition that writes it: ``<prefix>-<partition>``

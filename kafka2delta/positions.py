@@ -2,20 +2,24 @@
 versions of the partition in each of its tables and in the dead-letter table, and the offsets a dead-letter
 commit recorded before a crash took its table commit away. With ``[routing] expression``, also the empty
 commits that give a partition's tables their first txn before any of its messages is taken (DESIGN.md,
-invariant 11), and for a table that cannot take one (no schema, not created yet) the start mark the dead-letter
-table keeps for it instead."""
+invariant 11), and the start marks the dead-letter table keeps for tables that cannot take one (no schema: made
+by their first rows), written and retired by the flush that needs them."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from functools import partial
 from typing import NamedTuple
 
+from kafka2delta.assignment import PartitionState
+from kafka2delta.edges import DeadLetterStore
 from kafka2delta.errors import CommitConflict, SchemaChanged, TableNotCreated
-from kafka2delta.offsets import LogicalOffset, first_offset
+from kafka2delta.offsets import RETIRED_MARK, LogicalOffset, first_offset
 from kafka2delta.records import TopicPartition
 from kafka2delta.retries import Retrier
 from kafka2delta.tables import Tables, TopicTables
+from kafka2delta.value_buffers import PartitionBuffer
 
 logger = logging.getLogger(__name__)
 
@@ -96,19 +100,17 @@ class Positions:
         watermarks: dict[TopicPartition, tuple[int, int]],
     ) -> None:
         """Give each table of a partition split by ``[routing] expression`` a txn before any of the partition's
-        messages is taken: an empty commit at the version the partition starts from, or for a table that does not
-        exist yet (no schema: made by its first rows) a start mark in the dead-letter table (into ``marks``). From
-        then on a table that holds nothing of a partition its other tables hold something of can only be one added
-        since (DESIGN.md: a crash between two tables' first commits would otherwise be mistaken for it, and lose
-        rows)."""
+        messages is taken: an empty commit at the version the partition starts from (``marks``: the tables' start
+        marks, read). From then on a table that holds nothing of a partition its other tables hold something of can
+        only be one added since (DESIGN.md: a crash between two tables' first commits would otherwise be mistaken
+        for it, and lose rows), or one that does not exist yet, which the flush marks when that matters."""
         for uri in tables.uris:
             for _ in range(_MARK_ATTEMPTS):
-                if not self._mark_table(tables, uri, versions, marks, watermarks):
+                if not self._mark_table(uri, versions, marks, watermarks):
                     break
 
     def _mark_table(
         self,
-        tables: TopicTables,
         uri: str,
         versions: dict[TopicPartition, dict[str, int | None]],
         marks: Marks,
@@ -131,7 +133,7 @@ class Positions:
         try:
             self._retrier.run("marking partition starts", partial(table.committer.mark_starts, starts))
         except TableNotCreated:
-            return self._mark_in_dead_letters(tables, uri, starts, marks)
+            return False  # no table to hold the txn: marked by the flush whose commits could need it
         except CommitConflict as conflict:
             logger.info("%s: marking partition starts met another writer's commit (%s); reading it", uri, conflict)
         except SchemaChanged:
@@ -143,18 +145,71 @@ class Positions:
             versions[tp][uri] = found[tp]
         return any(found[tp] is None for tp in starts)
 
-    def _mark_in_dead_letters(
-        self, tables: TopicTables, uri: str, starts: dict[TopicPartition, int], marks: Marks
-    ) -> bool:
-        """The start marks of a table that does not exist yet, kept by the partitions' dead-letter table; True when
-        some are still missing (another process marked or changed that table meanwhile: read back, marked again)."""
-        dead_letters = tables.home.dead_letters
-        try:
-            self._retrier.run("marking partition starts", partial(dead_letters.mark_starts, uri, starts))
-        except (CommitConflict, SchemaChanged) as exc:
-            logger.info("%s: marking partition starts in %s met another writer (%s)", uri, dead_letters.uri, exc)
-        found = self._retrier.run("reading start marks", partial(dead_letters.start_marks, uri, list(starts)))
-        for tp, mark in found.items():
-            if mark is not None:
-                marks.setdefault(tp, {})[uri] = mark
-        return any(mark is None for mark in found.values())
+    def write_marks(self, dead_letters: DeadLetterStore, uri: str, starts: dict[TopicPartition, int]) -> bool:
+        """Set the start marks of ``uri`` in ``dead_letters`` to ``starts`` (:data:`RETIRED_MARK`: retire them);
+        whether they hold those values now (another process marking them meanwhile: read back, tried again)."""
+        for _ in range(_MARK_ATTEMPTS):
+            try:
+                self._retrier.run("writing start marks", partial(dead_letters.mark_starts, uri, starts))
+            except (CommitConflict, SchemaChanged) as exc:
+                logger.info("%s: writing start marks in %s met another writer (%s)", uri, dead_letters.uri, exc)
+            found = self._retrier.run("reading start marks", partial(dead_letters.start_marks, uri, list(starts)))
+            wanted = {tp: None if start == RETIRED_MARK else start for tp, start in starts.items()}
+            if found == wanted:
+                return True
+        return False
+
+    # --- start marks: the flush's ------------------------------------------------------------
+
+    def mark_first_commits(
+        self,
+        order: list[str],
+        taken: Mapping[str, Mapping[TopicPartition, PartitionBuffer]],
+        partitions: Mapping[TopicPartition, PartitionState],
+    ) -> None:
+        """Before a flush commits ``order``: where two or more tables with neither a txn nor a mark for a partition
+        (tables made by their first rows: they could take no empty commit) commit rows of it, one after the other,
+        mark every one but the first at the offset the partition is held up to. A crash after the first would
+        otherwise leave the others taken for routes added since, and their rows lost (DESIGN.md, invariant 11)."""
+        if len(order) < 2:
+            return
+        starts: dict[tuple[str, str], dict[TopicPartition, int]] = {}
+        for tp in sorted({tp for uri in order for tp in taken[uri]}):
+            state = partitions[tp]
+            lanes = [uri for uri in order if tp in taken[uri] and taken[uri][tp].rows]
+            new = [uri for uri in lanes if state.tables[uri] is None and uri not in state.start_marks]
+            held = state.committed
+            for uri in new[1:]:
+                starts.setdefault((uri, state.home), {})[tp] = held if held is not None else state.start - 1
+        for (uri, home), marks in starts.items():
+            if self.write_marks(self._tables[home].dead_letters, uri, marks):
+                for tp, mark in marks.items():
+                    partitions[tp].start_marks[uri] = mark
+            else:
+                logger.warning("%s: could not mark where %s start; committing without the marks", uri, list(marks))
+
+    def settle_marks(
+        self,
+        order: list[str],
+        taken: Mapping[str, Mapping[TopicPartition, PartitionBuffer]],
+        partitions: Mapping[TopicPartition, PartitionState],
+        resynced: set[TopicPartition],
+    ) -> None:
+        """After a flush: a marked table that now holds a txn for the partition needs its mark no more; one that
+        still holds none although its lane was in the flush had no rows to commit (they became dead letters, or
+        there were none), so nothing of it is pending: its mark is retired, else it would hold the partition back
+        for good. A partition resynced by the flush keeps its marks (it is read again from them)."""
+        retire: dict[tuple[str, str], dict[TopicPartition, int]] = {}
+        for uri in order:
+            for tp in taken[uri]:
+                state = partitions.get(tp)
+                if state is None or uri not in state.start_marks or tp in resynced:
+                    continue
+                if state.tables[uri] is not None:
+                    del state.start_marks[uri]
+                else:
+                    retire.setdefault((uri, state.home), {})[tp] = RETIRED_MARK
+        for (uri, home), marks in retire.items():
+            if self.write_marks(self._tables[home].dead_letters, uri, marks):
+                for tp in marks:
+                    partitions[tp].start_marks.pop(uri, None)

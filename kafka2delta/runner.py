@@ -370,6 +370,7 @@ class Ingestor:
         # Not _resynced, which may already hold the partition (an out-of-range seek in the same turn): only a
         # resync by this flush's own commits says its positions were read again.
         self._resynced_in_flush = set()
+        self._positions.mark_first_commits(order, taken, self._partitions)
         for index, uri in enumerate(order):
             if index:
                 faults.point("between_table_commits")
@@ -379,6 +380,7 @@ class Ingestor:
             buffers = {tp: buffer for tp, buffer in taken[uri].items() if tp not in dropped}
             if buffers:
                 committed |= self._flush_table(reason, self._tables[uri], buffers)
+        self._positions.settle_marks(order, taken, self._partitions, self._resynced_in_flush)
         offsets = {tp: self._partitions[tp].committed for tp in committed if tp in self._partitions}
         if any(offset is not None for offset in offsets.values()):
             faults.point("before_kafka_commit")

@@ -1,7 +1,8 @@
 """Fan-out: one topic split by ``[routing] expression`` into two tables (and unknown routes into dead
 letters), so one partition's flush commits two tables one after the other. SIGKILL between those two
-commits, and random SIGKILLs of two daemons in one group; then ``kafka2delta verify`` (which reads every
-route's table of the topic as one) must find lost 0, duplicated 0, no offset both a row and a dead letter.
+commits (also between the first commits of tables without a schema, which their first rows make), and random
+SIGKILLs of two daemons in one group; then ``kafka2delta verify`` (which reads every route's table of the topic
+as one) must find lost 0, duplicated 0, no offset both a row and a dead letter.
 """
 
 from __future__ import annotations
@@ -45,10 +46,21 @@ def payload(partition: int, seq: int) -> bytes:
     return poisoned(50)(partition, seq)
 
 
-def fan_out_setup(setup_factory: Any, partitions: int, **ingest: Any) -> Setup:
-    setup = chaos_setup(
-        setup_factory, partitions, table={"metadata_columns": ["topic", "partition", "offset"]}, **ingest
+def unpoisoned(partition: int, seq: int) -> bytes:
+    """Events and unknown routes only: for tables typed by their first rows, a text ``seq`` is no poison."""
+    return (
+        json.dumps({**json.loads(event(partition, seq)), "type": "refund"}).encode()
+        if unknown_route(seq)
+        else event(partition, seq)
     )
+
+
+def fan_out_setup(setup_factory: Any, partitions: int, schemaless: bool = False, **ingest: Any) -> Setup:
+    table: dict[str, Any] = {"metadata_columns": ["topic", "partition", "offset"]}
+    if schemaless:  # every table made from its first rows
+        table["schema_evolution"] = "merge"
+        ingest["schema"] = {}
+    setup = chaos_setup(setup_factory, partitions, table=table, **ingest)
     lines = ["[routing]", 'expression = "type"']
     for name in ROUTES:
         lines += ["[[routes]]", f'name = "{name}"', f'uri = "{setup.tmp_path / name}"']
@@ -68,7 +80,7 @@ def txns(setup: Setup, name: str) -> dict[int, int | None]:
     return {p: table.transaction_version(f"{setup.app_id}-{p}") for p in range(setup.topic.partitions)}
 
 
-def verified(setup: Setup, chaos_result: ChaosResult, per_partition: int) -> dict[str, Any]:
+def verified(setup: Setup, chaos_result: ChaosResult, per_partition: int, poison: bool = True) -> dict[str, Any]:
     """``kafka2delta verify`` over both tables and the dead-letter table; each table holds only its route, and the
     dead letters are exactly the poison messages and the unknown routes."""
     code, report = setup.verify()
@@ -76,8 +88,7 @@ def verified(setup: Setup, chaos_result: ChaosResult, per_partition: int) -> dic
     figures = {key: report[key] for key in ("lost", "duplicated_total", "in_both_total", "unexpected_total")}
     assert code == 0 and report["ok"] and set(figures.values()) == {0}, json.dumps(report)[:3000]
     assert report["produced"] == per_partition * setup.topic.partitions
-    poison = poisoned(50)
-    bad = sum(unknown_route(seq) or POISON in poison(0, seq) for seq in range(per_partition))
+    bad = sum(unknown_route(seq) or (poison and POISON in poisoned(50)(0, seq)) for seq in range(per_partition))
     expected_letters = bad * setup.topic.partitions
     assert report["dead_letters"] == expected_letters, (report["dead_letters"], expected_letters)
     chaos_result.figures = {
@@ -118,28 +129,37 @@ def verified(setup: Setup, chaos_result: ChaosResult, per_partition: int) -> dic
     return report
 
 
-@pytest.mark.parametrize("point", ["between_table_commits", "after_delta_commit"])
+@pytest.mark.parametrize(
+    ("point", "schemaless"),
+    [("between_table_commits", False), ("after_delta_commit", False), ("between_table_commits", True)],
+    ids=["between_table_commits", "after_delta_commit", "between_the_first_commits_of_tables_without_schema"],
+)
 def test_kill_between_the_tables_of_one_flush(
-    setup_factory, daemon_factory, chaos_result: ChaosResult, point: str
+    setup_factory, daemon_factory, chaos_result: ChaosResult, point: str, schemaless: bool
 ) -> None:
     per_partition = scale(2_000, 50_000)
-    setup = fan_out_setup(setup_factory, 3, max_messages_per_file=scale(400, 5_000), allowed_latency_s=0.5)
-    chaos_result.scenario = f"fan-out by route expression, SIGKILL at `{point}`, restart"
+    setup = fan_out_setup(setup_factory, 3, schemaless, max_messages_per_file=scale(400, 5_000), allowed_latency_s=0.5)
+    events = unpoisoned if schemaless else payload
+    kind = "tables without a schema, made by their first rows" if schemaless else "route expression"
+    chaos_result.scenario = f"fan-out by {kind}, SIGKILL at `{point}`, restart"
     half = per_partition // 2
-    setup.topic.produce(half, payload=payload)
-    producer = ChaosProducer(setup.topic, half, start=half, chunk=scale(100, 1_000), payload=payload)
-    crashed = daemon_factory(setup, env={**FAST_GROUP, "K2D_FAULT_INJECT": f"{point}:{scale(3, 6)}"})
+    setup.topic.produce(half, payload=events)
+    producer = ChaosProducer(setup.topic, half, start=half, chunk=scale(100, 1_000), payload=events)
+    # Without a schema: at the first flush, between the first table made and the next (its start mark the only
+    # record of where it starts).
+    kill_at = 1 if schemaless else scale(3, 6)
+    crashed = daemon_factory(setup, env={**FAST_GROUP, "K2D_FAULT_INJECT": f"{point}:{kill_at}"})
     assert crashed.wait(300) == -9, crashed.log()[-3000:]
     chaos_result.fault(f"SIGKILL at {point}")
     if point == "between_table_commits":
-        first, second = txns(setup, ROUTES[0]), txns(setup, ROUTES[1])
+        first, second = txns(setup, ROUTES[0]), txns(setup, ROUTES[1]) if rows(setup, ROUTES[1]) else {}
         assert first != second, f"one table should be ahead of the other: {first} vs {second}"
     restarted = daemon_factory(setup, env=FAST_GROUP)
     wait_for(lambda: "assigned " in restarted.log(), 120, "the restart's assignment")
     producer.join()
     stop(restarted)
     drain(daemon_factory, setup)
-    verified(setup, chaos_result, per_partition)
+    verified(setup, chaos_result, per_partition, poison=not schemaless)
 
 
 def test_fan_out_random_sigkills_two_instances(setup_factory, daemon_factory, chaos_result: ChaosResult) -> None:

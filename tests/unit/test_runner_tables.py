@@ -300,15 +300,10 @@ def test_a_crash_between_two_tables_commits_of_one_partition_leaves_each_exact(t
     assert [(row["offset"], row["stage"]) for row in dead_letters(tmp_path)] == [(3, "route"), (4, "route")]
 
 
-def test_a_crash_between_the_first_commits_of_two_tables_made_from_their_rows_leaves_each_exact(
-    tmp_path: Path,
-) -> None:
-    """Neither table has a schema, so neither exists before its first rows and neither can take the empty commit
-    that marks where the partition starts in it: the dead-letter table keeps those marks. clicks is made by the
-    flush and orders' first commit fails: the restart reads from orders' mark, and orders gets its row (before the
-    marks, orders was taken for a route added since and started after clicks' version: e2 was lost)."""
+def schemaless_routes_config(tmp_path: Path) -> Config:
+    """Topic ``e`` split by ``kind`` into ``clicks`` and ``orders``, tables with no schema (made by their first rows)."""
     routes = [{"name": "clicks", "uri": str(tmp_path / "clicks")}, {"name": "orders", "uri": str(tmp_path / "orders")}]
-    cfg = tables_config(
+    return tables_config(
         tmp_path,
         K2D_TABLE__SCHEMA="{}",
         K2D_TABLE__SCHEMA_EVOLUTION="merge",
@@ -317,10 +312,20 @@ def test_a_crash_between_the_first_commits_of_two_tables_made_from_their_rows_le
         K2D_ROUTING__EXPRESSION="kind",
     )
 
+
+def start_marks(tmp_path: Path) -> dict[str, int | None]:
+    """The start marks of partition e-0 in clicks and orders, as the dead-letter table holds them."""
+    letters = DeadLetterTable.open(str(tmp_path / "dlq"), {}, TxnIds().prefix, "snappy", 10)
+    return {name: letters.start_marks(str(tmp_path / name), [E0])[E0] for name in ("clicks", "orders")}
+
+
+def crash_before_the_orders_first_commit(tmp_path: Path, cfg: Config) -> None:
+    """Run ``events()`` through ``cfg`` until orders refuses its first rows (after clicks committed)."""
+
     def failing_orders(spec: TableSpec) -> OpenedTable:
         opened = open_table(cfg, spec)
         if spec.uri.endswith("/orders"):
-            empty_commit = opened.writer.commit  # the start mark's: the table does not exist, so it is refused
+            empty_commit = opened.writer.commit  # the start commit's (refused: the table does not exist)
 
             def refuse(actions: Any, *args: Any) -> int:
                 if not actions:
@@ -334,19 +339,60 @@ def test_a_crash_between_the_first_commits_of_two_tables_made_from_their_rows_le
     with pytest.raises(FatalError):
         ingest_until_caught_up(cfg, TopicsSource([messages_of(E0, 0, events())], {E0: 7}), failing_orders)
     assert DeltaTable(str(tmp_path / "clicks")).transaction_version("e-0") == 6 and not (tmp_path / "orders").exists()
-    # Both were marked at -1 (auto_offset_reset = earliest), in the dead-letter table's log.
+
+
+def test_a_crash_between_the_first_commits_of_two_tables_made_from_their_rows_leaves_each_exact(
+    tmp_path: Path,
+) -> None:
+    """Neither table has a schema, so neither exists before its first rows and neither can take the empty commit
+    that marks where the partition starts in it. The flush that commits both first marks the second in the
+    dead-letter table; clicks is made and orders' first commit fails: the restart reads from orders' mark, and
+    orders gets its row (before the marks, orders was taken for a route added since and e2 was lost)."""
+    cfg = schemaless_routes_config(tmp_path)
+    crash_before_the_orders_first_commit(tmp_path, cfg)
     orders = hashlib.sha256(str(tmp_path / "orders").encode()).hexdigest()[:12]
-    assert DeltaTable(str(tmp_path / "dlq")).transaction_version(f"e-e-start-{orders}-0") == -1
-    letters = DeadLetterTable.open(str(tmp_path / "dlq"), {}, TxnIds().prefix, "snappy", 10)
-    assert [letters.start_marks(str(tmp_path / name), [E0]) for name in ("clicks", "orders")] == [{E0: -1}] * 2
+    assert DeltaTable(str(tmp_path / "dlq")).transaction_version(f"e-e-start-{orders}-0") == -1  # before offset 0
+    assert start_marks(tmp_path) == {"clicks": None, "orders": -1}  # the first committed needs none
 
     source = TopicsSource([messages_of(E0, 0, events())], {E0: 7})
     ingest_until_caught_up(cfg, source)
     assert source.starts == {E0: 0}  # orders' mark + 1
     assert ids(tmp_path / "clicks") == ["e0", "e1", "e5", "e6"]  # nothing twice
     assert ids(tmp_path / "orders") == ["e2"]
-    assert DeltaTable(str(tmp_path / "orders")).transaction_version("e-0") == 6
+    assert DeltaTable(str(tmp_path / "orders")).transaction_version("e-0") == 6  # its own txn: the mark is moot
     assert [(row["offset"], row["stage"]) for row in dead_letters(tmp_path)] == [(3, "route"), (4, "route")]
+    again = TopicsSource([], {E0: 7})
+    ingest_until_caught_up(cfg, again)
+    assert again.starts == {E0: 7}
+
+
+def test_a_table_made_from_its_rows_that_gets_none_holds_no_partition_back(tmp_path: Path) -> None:
+    """Found by review: orders, with no schema, never gets a row. It is never marked (a mark is written only when
+    two such tables commit rows of a partition in one flush), so the restart starts after clicks' version and the
+    group offsets move on. A mark whose table then gets no row (the replay made its rows dead letters) is retired
+    by that flush, or it would hold the partition at it for good."""
+    cfg = schemaless_routes_config(tmp_path)
+    only_clicks = [{"id": f"e{offset}", "kind": "clicks"} for offset in range(7)]
+    first = TopicsSource([messages_of(E0, 0, only_clicks)], {E0: 7})
+    ingest_until_caught_up(cfg, first)
+    assert first.group_offsets == {E0: 7} and start_marks(tmp_path) == {"clicks": None, "orders": None}
+    restart = TopicsSource([], {E0: 7})
+    ingest_until_caught_up(cfg, restart)
+    assert restart.starts == {E0: 7} and not (tmp_path / "orders").exists()
+
+    other = tmp_path / "retired"
+    cfg = schemaless_routes_config(other)
+    crash_before_the_orders_first_commit(other, cfg)
+    assert start_marks(other)["orders"] == -1
+    # The replay finds e2 a refund now (no route: a dead letter): orders' lane has no row, its mark is retired.
+    replayed = [{**event, "kind": "refunds"} if event["id"] == "e2" else event for event in events()]
+    source = TopicsSource([messages_of(E0, 0, replayed)], {E0: 7})
+    ingest_until_caught_up(cfg, source)
+    assert source.starts == {E0: 0} and start_marks(other) == {"clicks": None, "orders": None}
+    assert ids(other / "clicks") == ["e0", "e1", "e5", "e6"] and not (other / "orders").exists()
+    again = TopicsSource([], {E0: 7})
+    ingest_until_caught_up(cfg, again)
+    assert again.starts == {E0: 7}
 
 
 def test_a_route_added_later_starts_where_the_partition_is(tmp_path: Path) -> None:
