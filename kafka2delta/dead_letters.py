@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
-import hashlib
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -26,9 +25,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from kafka2delta.config import table_key, without_credentials
+from kafka2delta.config import without_credentials
 from kafka2delta.errors import FatalError, SchemaChanged
-from kafka2delta.offsets import RETIRED_MARK
+from kafka2delta.offsets import RETIRED_MARK, start_mark_id
 from kafka2delta.records import DeadLetter, OffsetRange, TopicPartition
 from kafka2delta.writer import DeltaWriter, LegacyTxnId
 
@@ -164,12 +163,7 @@ class DeadLetterTable:
         return marks.commit([], marks.committed_offsets(starts), dict(starts), metadata)
 
     def _marks(self, table: str) -> DeltaWriter:
-        digest = hashlib.sha256(table_key(table).encode()).hexdigest()[:12]
-
-        def txn_id(tp: TopicPartition) -> str:
-            return f"{self._prefix(tp.topic)}-{tp.topic}-start-{digest}-{tp.partition}"
-
-        return self._writer.under_txn_ids(txn_id)
+        return self._writer.under_txn_ids(lambda tp: start_mark_id(self._prefix(tp.topic), table, tp))
 
     def recorded_offsets(self, tp: TopicPartition, after: int | None, upto: int) -> set[int]:
         """Offsets in (after, upto] of ``tp`` that are dead letters in the table."""

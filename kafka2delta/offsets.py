@@ -7,11 +7,13 @@ group offsets are written after each commit for lag tools only.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import TypeVar
 
+from kafka2delta.config import table_key
 from kafka2delta.errors import FatalError
 from kafka2delta.records import TopicPartition
 
@@ -21,6 +23,14 @@ K = TypeVar("K", bound=Hashable)
 RETIRED_MARK = -2
 """A start mark (:meth:`kafka2delta.dead_letters.DeadLetterTable.mark_starts`) no longer in force: marks are the
 offset before a start, never below -1."""
+
+
+def start_mark_id(prefix: str, table: str, tp: TopicPartition) -> str:
+    """The txn app id, in the dead-letter table whose prefix for ``tp``'s topic is ``prefix``, of the start mark of
+    ``tp`` in ``table``: ``<prefix>-<topic>-start-<hash of the table's URI>-<partition>`` (every spelling of the
+    table, one id)."""
+    digest = hashlib.sha256(table_key(table).encode()).hexdigest()[:12]
+    return f"{prefix}-{tp.topic}-start-{digest}-{tp.partition}"
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,7 @@ from kafka2delta.verify_reading import (
     partition_messages,
     read_partitions,
     read_table,
+    start_marks,
     verify_consumer,
     watermarks,
 )
@@ -530,7 +531,15 @@ def _check_topic(
             beyond_txn[partition] = np.union1d(beyond_txn.get(partition, np.empty(0, np.int64)), beyond)
     main = tables[0]
     if len(tables) > 1:
-        held = {p: [v for t in tables if (v := t.txns[p]) is not None] for p in partitions}
+        uris = [s.uri for s in specs]
+        marks = start_marks(spec.dead_letter_uri, options, dead_letter_app_ids[0], topic, uris, partitions)
+        # A table with no txn of a partition, only a start mark, holds it up to the mark (DESIGN.md, invariant 11).
+        held = {
+            p: [
+                v for uri, t in zip(uris, tables, strict=True) if (v := _or(t.txns[p], marks.get((uri, p)))) is not None
+            ]
+            for p in partitions
+        }
         main = TableSnapshot(
             ", ".join(s.uri for s in specs),
             main.version,
@@ -669,3 +678,7 @@ def command(
     else:
         print("\n\n".join(report.render() for report in reports), flush=True)
     return EXIT_FAILED if failed else EXIT_UNCHECKED if unchecked else EXIT_OK
+
+
+def _or(txn: int | None, mark: int | None) -> int | None:
+    return txn if txn is not None else mark

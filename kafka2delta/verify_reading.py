@@ -21,8 +21,10 @@ from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType  # t
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
+from kafka2delta import records
 from kafka2delta.errors import ConfigError, RetryableError
 from kafka2delta.kafka import new_consumer
+from kafka2delta.offsets import RETIRED_MARK, start_mark_id
 from kafka2delta.records import PartitionMessages
 from kafka2delta.writer import legacy_txn_owner
 
@@ -210,6 +212,31 @@ def read_table(
         raise RetryableError(f"reading {uri}: {exc}") from exc
     pairs = offset_pairs(rows, partition_column, offset_column)
     return TableSnapshot(uri, table.version(), schema, txns, pairs, untraced=rows.num_rows - pairs.num_rows)
+
+
+def start_marks(
+    uri: str, storage_options: Mapping[str, str], prefix: str, topic: str, tables: Iterable[str], partitions: list[int]
+) -> dict[tuple[str, int], int]:
+    """The start marks the dead-letter table at ``uri`` holds for ``topic``'s partitions in ``tables`` (``prefix``:
+    its txn prefix for the topic; retired marks left out), by (table, partition). While a table holds no txn of a
+    partition it holds it up to its mark: after a crash between two new tables' first commits (DESIGN.md, invariant
+    11) the rows of the one not made yet are pending, not lost."""
+    try:
+        table = DeltaTable(uri, storage_options=dict(storage_options) or None)
+    except TableNotFoundError:
+        return {}
+    except (DeltaError, OSError) as exc:
+        raise RetryableError(f"reading {uri}: {exc}") from exc
+    marks: dict[tuple[str, int], int] = {}
+    try:
+        for name in tables:
+            for p in partitions:
+                mark = table.transaction_version(start_mark_id(prefix, name, records.TopicPartition(topic, p)))
+                if mark is not None and mark > RETIRED_MARK:
+                    marks[name, p] = mark
+    except (DeltaError, OSError) as exc:
+        raise RetryableError(f"reading the start marks in {uri}: {exc}") from exc
+    return marks
 
 
 def offset_pairs(rows: pa.Table, partition_column: str, offset_column: str) -> pa.Table:
