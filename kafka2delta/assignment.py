@@ -50,15 +50,16 @@ class PartitionState:
         """The last offset every table holds the outcome of: the lowest version or start mark (None: no table holds
         any). A table holding nothing while the others hold something, with no mark, joined later (a route added
         since): it starts where the partition is."""
-        held = [version for table in self.tables if (version := self._held(table)) is not None]
+        held = [version for table in self.tables if (version := self.held(table)) is not None]
         return min(held) if held else None
 
     def holds(self, table: str) -> int | None:
         """The last offset whose outcome ``table`` holds (a table that joined later: where it started)."""
-        version = self._held(table)
+        version = self.held(table)
         return version if version is not None else self.committed
 
-    def _held(self, table: str) -> int | None:
+    def held(self, table: str) -> int | None:
+        """``table``'s txn version for the partition, else its start mark (None: neither)."""
         version = self.tables[table]
         return version if version is not None else self.start_marks.get(table)
 

@@ -166,27 +166,31 @@ class Positions:
         order: list[str],
         taken: Mapping[str, Mapping[TopicPartition, PartitionBuffer]],
         partitions: Mapping[TopicPartition, PartitionState],
-    ) -> None:
-        """Before a flush commits ``order``: where two or more tables with neither a txn nor a mark for a partition
-        (tables made by their first rows: they could take no empty commit) commit rows of it, one after the other,
-        mark every one but the first at the offset the partition is held up to. A crash after the first would
-        otherwise leave the others taken for routes added since, and their rows lost (DESIGN.md, invariant 11)."""
+    ) -> set[TopicPartition]:
+        """Before a flush commits ``order``: a table with neither a txn nor a mark for a partition (made by its
+        first rows: it could take no empty commit) that commits rows of it after another table's commit of it
+        gets a start mark first, at the offset the partition is held up to. A crash between the two commits would
+        otherwise leave it taken for a route added since, and its rows lost (DESIGN.md, invariant 11). Returns
+        the partitions whose marks could not be written: the flush must not commit them."""
         if len(order) < 2:
-            return
+            return set()
         starts: dict[tuple[str, str], dict[TopicPartition, int]] = {}
         for tp in sorted({tp for uri in order for tp in taken[uri]}):
             state = partitions[tp]
-            lanes = [uri for uri in order if tp in taken[uri] and taken[uri][tp].rows]
-            new = [uri for uri in lanes if state.tables[uri] is None and uri not in state.start_marks]
+            lanes = [uri for uri in order if tp in taken[uri]]  # with rows or not: any commit of it counts
+            new = [uri for uri in lanes[1:] if taken[uri][tp].rows and state.held(uri) is None]
             held = state.committed
-            for uri in new[1:]:
+            for uri in new:
                 starts.setdefault((uri, state.home), {})[tp] = held if held is not None else state.start - 1
+        unmarked: set[TopicPartition] = set()
         for (uri, home), marks in starts.items():
             if self.write_marks(self._tables[home].dead_letters, uri, marks):
                 for tp, mark in marks.items():
                     partitions[tp].start_marks[uri] = mark
             else:
-                logger.warning("%s: could not mark where %s start; committing without the marks", uri, list(marks))
+                logger.warning("%s: could not mark where %s start; reading them again", uri, list(marks))
+                unmarked |= set(marks)
+        return unmarked
 
     def settle_marks(
         self,
@@ -195,19 +199,22 @@ class Positions:
         partitions: Mapping[TopicPartition, PartitionState],
         resynced: set[TopicPartition],
     ) -> None:
-        """After a flush: a marked table that now holds a txn for the partition needs its mark no more; one that
-        still holds none although its lane was in the flush had no rows to commit (they became dead letters, or
-        there were none), so nothing of it is pending: its mark is retired, else it would hold the partition back
-        for good. A partition resynced by the flush keeps its marks (it is read again from them)."""
+        """After a flush: a marked table that now holds a txn for the partition needs its mark no more. One that
+        still holds none although its lane was in the flush had no rows to commit up to the lane's end; once that
+        end has reached every other table's version, nothing of it can be pending (a replay after a crash had
+        brought its rows back by then: found by review), and its mark is retired, else it would hold the partition
+        back for good. A partition resynced by the flush keeps its marks (it is read again from them)."""
         retire: dict[tuple[str, str], dict[TopicPartition, int]] = {}
         for uri in order:
-            for tp in taken[uri]:
+            for tp, lane in taken[uri].items():
                 state = partitions.get(tp)
                 if state is None or uri not in state.start_marks or tp in resynced:
                     continue
                 if state.tables[uri] is not None:
                     del state.start_marks[uri]
-                else:
+                    continue
+                others = [v for other in state.tables if other != uri and (v := state.held(other)) is not None]
+                if others and lane.last_offset >= max(others):
                     retire.setdefault((uri, state.home), {})[tp] = RETIRED_MARK
         for (uri, home), marks in retire.items():
             if self.write_marks(self._tables[home].dead_letters, uri, marks):

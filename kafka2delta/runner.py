@@ -370,7 +370,8 @@ class Ingestor:
         # Not _resynced, which may already hold the partition (an out-of-range seek in the same turn): only a
         # resync by this flush's own commits says its positions were read again.
         self._resynced_in_flush = set()
-        self._positions.mark_first_commits(order, taken, self._partitions)
+        for tp in self._positions.mark_first_commits(order, taken, self._partitions):
+            self._resync(tp)  # no mark, no crash-safe commit: read again (its buffers taken are dropped below)
         for index, uri in enumerate(order):
             if index:
                 faults.point("between_table_commits")

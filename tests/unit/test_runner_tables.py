@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -302,7 +303,7 @@ def test_a_crash_between_two_tables_commits_of_one_partition_leaves_each_exact(t
     assert [(row["offset"], row["stage"]) for row in dead_letters(tmp_path)] == [(3, "route"), (4, "route")]
 
 
-def schemaless_routes_config(tmp_path: Path) -> Config:
+def schemaless_routes_config(tmp_path: Path, **env: str) -> Config:
     """Topic ``e`` split by ``kind`` into ``clicks`` and ``orders``, tables with no schema (made by their first rows)."""
     routes = [{"name": "clicks", "uri": str(tmp_path / "clicks")}, {"name": "orders", "uri": str(tmp_path / "orders")}]
     return tables_config(
@@ -312,6 +313,7 @@ def schemaless_routes_config(tmp_path: Path) -> Config:
         K2D_KAFKA__TOPIC="e",
         K2D_ROUTES=json.dumps(routes),
         K2D_ROUTING__EXPRESSION="kind",
+        **env,
     )
 
 
@@ -321,10 +323,10 @@ def start_marks(tmp_path: Path) -> dict[str, int | None]:
     return {name: letters.start_marks(str(tmp_path / name), [E0])[E0] for name in ("clicks", "orders")}
 
 
-def crash_before_the_orders_first_commit(tmp_path: Path, cfg: Config) -> None:
-    """Run ``events()`` through ``cfg`` until orders refuses its first rows (after clicks committed)."""
+def refusing_orders_rows(cfg: Config) -> Callable[[TableSpec], OpenedTable]:
+    """The daemon's tables, orders refusing every commit with rows (a crash there)."""
 
-    def failing_orders(spec: TableSpec) -> OpenedTable:
+    def opener(spec: TableSpec) -> OpenedTable:
         opened = open_table(cfg, spec)
         if spec.uri.endswith("/orders"):
             empty_commit = opened.writer.commit  # the start commit's (refused: the table does not exist)
@@ -338,8 +340,13 @@ def crash_before_the_orders_first_commit(tmp_path: Path, cfg: Config) -> None:
             opened.writer.commit_evolution = refuse  # type: ignore[method-assign,assignment]
         return opened
 
+    return opener
+
+
+def crash_before_the_orders_first_commit(tmp_path: Path, cfg: Config) -> None:
+    """Run ``events()`` through ``cfg`` until orders refuses its first rows (after clicks committed)."""
     with pytest.raises(FatalError):
-        ingest_until_caught_up(cfg, TopicsSource([messages_of(E0, 0, events())], {E0: 7}), failing_orders)
+        ingest_until_caught_up(cfg, TopicsSource([messages_of(E0, 0, events())], {E0: 7}), refusing_orders_rows(cfg))
     assert DeltaTable(str(tmp_path / "clicks")).transaction_version("e-0") == 6 and not (tmp_path / "orders").exists()
 
 
@@ -400,6 +407,47 @@ def test_a_table_made_from_its_rows_that_gets_none_holds_no_partition_back(tmp_p
     again = TopicsSource([], {E0: 7})
     ingest_until_caught_up(cfg, again)
     assert again.starts == {E0: 7}
+
+
+def test_a_mark_is_kept_while_the_replay_is_behind_the_other_tables(tmp_path: Path) -> None:
+    """Found by review: after the crash, the replay's first flush (files of 2 messages) holds offsets 0-1 only,
+    where orders has no row; its mark was retired there, clicks (at 6) then held the partition, and e2 was
+    dropped. A mark is retired only once its table's lane has reached every other table's version."""
+    crash_before_the_orders_first_commit(tmp_path, schemaless_routes_config(tmp_path))
+    cfg = schemaless_routes_config(tmp_path, K2D_INGEST__MAX_MESSAGES_PER_FILE="2")
+    replay = TopicsSource([messages_of(E0, 0, events()[:2]), messages_of(E0, 2, events()[2:])], {E0: 7})
+    ingest_until_caught_up(cfg, replay)
+    assert replay.starts == {E0: 0} and ids(tmp_path / "orders") == ["e2"]
+    assert ids(tmp_path / "clicks") == ["e0", "e1", "e5", "e6"]
+
+
+def test_a_new_tables_rows_after_a_table_with_a_txn_are_marked_too(tmp_path: Path) -> None:
+    """Found by review: the flush commits clicks first (it already holds e-0, but not yet e-1), then orders' first
+    row o3 of e-0. Only new tables after another new one were marked, so after a crash between the two, e-0
+    restarted after clicks' version and o3 was lost. Every new table's rows after any other commit of the
+    partition are marked now."""
+    cfg = schemaless_routes_config(tmp_path, K2D_INGEST__MAX_MESSAGES_PER_FILE="3")
+    E1 = TopicPartition("e", 1)
+
+    def clicks(*offsets: int) -> list[dict[str, Any]]:
+        return [{"id": f"c{offset}", "kind": "clicks"} for offset in offsets]
+
+    second = messages_of(E0, 3, [{"id": "o3", "kind": "orders"}, *clicks(4)])
+    second.partitions.update(messages_of(E1, 0, clicks(10, 11)).partitions)
+    crashing = TopicsSource([messages_of(E0, 0, clicks(0, 1, 2)), second], {E0: 5, E1: 2})
+    with pytest.raises(FatalError):
+        ingest_until_caught_up(cfg, crashing, refusing_orders_rows(cfg))
+    assert DeltaTable(str(tmp_path / "clicks")).transaction_version("e-0") == 4 and not (tmp_path / "orders").exists()
+    assert start_marks(tmp_path) == {"clicks": None, "orders": 2}
+
+    log = [
+        messages_of(E0, 0, [*clicks(0, 1, 2), {"id": "o3", "kind": "orders"}, *clicks(4)]),
+        messages_of(E1, 0, clicks(10, 11)),
+    ]
+    restart = TopicsSource(log, {E0: 5, E1: 2})
+    ingest_until_caught_up(cfg, restart)
+    assert restart.starts[E0] == 3 and ids(tmp_path / "orders") == ["o3"]
+    assert ids(tmp_path / "clicks") == ["c0", "c1", "c10", "c11", "c2", "c4"]
 
 
 def test_a_route_added_later_starts_where_the_partition_is(tmp_path: Path) -> None:
