@@ -158,8 +158,10 @@ class DeadLetterTable:
         for the partition. Conditional on the marks read just before; raises like :meth:`commit` (CommitConflict:
         another process marked them meanwhile)."""
         metadata = {"operation": "mark starts", "table": without_credentials(table), "rows": 0, "marks_start": True}
-        self._writer.refresh_schema()  # the view copies it: a txn-only commit fits any schema, but is checked too
         marks = self._marks(table)
+        # A txn-only commit fits any schema, but is checked against it too: the view takes the table's own, and the
+        # dead-letter writer keeps its (its commits must still see another writer's change: found by review).
+        marks.refresh_schema()
         return marks.commit([], marks.committed_offsets(starts), dict(starts), metadata)
 
     def _marks(self, table: str) -> DeltaWriter:

@@ -199,22 +199,21 @@ class Positions:
         partitions: Mapping[TopicPartition, PartitionState],
         resynced: set[TopicPartition],
     ) -> None:
-        """After a flush: a marked table that now holds a txn for the partition needs its mark no more. One that
-        still holds none although its lane was in the flush had no rows to commit up to the lane's end; once that
-        end has reached every other table's version, nothing of it can be pending (a replay after a crash had
-        brought its rows back by then: found by review), and its mark is retired, else it would hold the partition
-        back for good. A partition resynced by the flush keeps its marks (it is read again from them)."""
+        """After a flush, retire the marks no longer needed: a marked table that now holds a txn for the partition
+        needs its mark no more (retired in the log too, or it would come back if the table lost its txn: found by
+        review). One that still holds none although its lane was in the flush had no rows to commit up to the
+        lane's end; once that end has reached every other table's version, nothing of it can be pending (a replay
+        after a crash had brought its rows back by then: found by review), and its mark is retired, else it would
+        hold the partition back for good. A partition resynced by the flush keeps its marks (it is read again from
+        them)."""
         retire: dict[tuple[str, str], dict[TopicPartition, int]] = {}
         for uri in order:
             for tp, lane in taken[uri].items():
                 state = partitions.get(tp)
                 if state is None or uri not in state.start_marks or tp in resynced:
                     continue
-                if state.tables[uri] is not None:
-                    del state.start_marks[uri]
-                    continue
                 others = [v for other in state.tables if other != uri and (v := state.held(other)) is not None]
-                if others and lane.last_offset >= max(others):
+                if state.tables[uri] is not None or (others and lane.last_offset >= max(others)):
                     retire.setdefault((uri, state.home), {})[tp] = RETIRED_MARK
         for (uri, home), marks in retire.items():
             if self.write_marks(self._tables[home].dead_letters, uri, marks):

@@ -552,7 +552,9 @@ class Ingestor:
         state.dead_letters_committed = letters[tp]
         state.recorded_dead_letters = recorded.get(tp, set())
         reset = LogicalOffset(self._config.kafka.auto_offset_reset)
-        target = reset if state.committed is None else state.committed + 1
+        # Nothing held: from where reading began ("latest" now would skip what was taken since: found by review).
+        start = state.start if reset is LogicalOffset.LATEST else reset
+        target = start if state.committed is None else state.committed + 1
         if self._in_rebalance:
             # Inside a rebalance callback, consume() may already hold fresh messages fetched after a seek
             # made here, indistinguishable from stale ones: seek once it has returned (see _accept).

@@ -22,8 +22,9 @@ from kafka2delta.cli import build_pipeline, open_table, open_table_writer
 from kafka2delta.config import Config, load_config
 from kafka2delta.dead_letters import DeadLetterTable
 from kafka2delta.deferred_tables import DeferredTable
+from kafka2delta.edges import RebalanceListener
 from kafka2delta.errors import ConfigError, FatalError, SchemaChanged
-from kafka2delta.offsets import TxnIds
+from kafka2delta.offsets import LogicalOffset, TxnIds
 from kafka2delta.records import ConsumedBatch, TopicPartition
 from kafka2delta.routing import Routes, TableSpec
 from kafka2delta.tables import OpenedTable
@@ -155,6 +156,36 @@ def test_values_without_fields_before_the_table_has_a_column_are_dead_letters(tm
     assert table.to_pyarrow_table().to_pylist() == [{"n": 1}, {"n": None}]
     assert table.transaction_version("b-0") == 3
     assert DeltaTable(str(tmp_path / "dlq")).to_pyarrow_table().num_rows == 2
+
+
+def test_a_resync_before_anything_is_held_reads_again_from_where_the_partition_began(tmp_path: Path) -> None:
+    """Found by review: with ``auto_offset_reset = latest``, a resync before any table held the partition (here
+    another daemon makes our table first: a schema change at our first commit) sought to the end of the partition,
+    and the messages taken since the assignment were never written. It reads again from where reading began."""
+    uri = tmp_path / "free"
+    cfg = schemaless_config(tmp_path, "t", K2D_KAFKA__AUTO_OFFSET_RESET="latest")
+
+    class MessagesAfterTheAssignment(LogSource):
+        """Empty when assigned (latest: offset 0); then two messages, and the other daemon's table right after."""
+
+        def start(self, listener: RebalanceListener) -> None:
+            self.high = 0
+            super().start(listener)
+
+        def consume(self, max_messages: int, timeout: float) -> ConsumedBatch:
+            batch = super().consume(max_messages, timeout)
+            if self.position == 2 and not (uri / "_delta_log").exists():
+                write_deltalake(str(uri), pa.table({"n": pa.array([7], pa.int64())}))
+            return batch
+
+        @staticmethod
+        def _offset(start: int | LogicalOffset) -> int:
+            return 0 if start is LogicalOffset.LATEST else LogSource._offset(start)  # latest: the end when assigned
+
+    source = MessagesAfterTheAssignment([b'{"n": 1}', b'{"n": 2}'])
+    ingest_until_caught_up(cfg, source)
+    assert source.seeks == [(0, 0)]  # where it began, not "latest"
+    assert sorted(DeltaTable(str(uri)).to_pyarrow_table().column("n").to_pylist()) == [1, 2, 7]
 
 
 def test_dead_letters_counted_before_the_table_existed_are_not_counted_again_by_a_replay(tmp_path: Path) -> None:
@@ -373,7 +404,10 @@ def test_a_crash_between_the_first_commits_of_two_tables_made_from_their_rows_le
     assert source.starts == {E0: 0}  # orders' mark + 1
     assert ids(tmp_path / "clicks") == ["e0", "e1", "e5", "e6"]  # nothing twice
     assert ids(tmp_path / "orders") == ["e2"]
-    assert DeltaTable(str(tmp_path / "orders")).transaction_version("e-0") == 6  # its own txn: the mark is moot
+    assert DeltaTable(str(tmp_path / "orders")).transaction_version("e-0") == 6  # its own txn: the mark is moot,
+    # and retired in the log (else it came back if the table lost its txn: rebuilt, or its txn expired).
+    assert DeltaTable(str(tmp_path / "dlq")).transaction_version(f"e-e-start-{orders}-0") == -2
+    assert start_marks(tmp_path) == {"clicks": None, "orders": None}
     assert [(row["offset"], row["stage"]) for row in dead_letters(tmp_path)] == [(3, "route"), (4, "route")]
     again = TopicsSource([], {E0: 7})
     ingest_until_caught_up(cfg, again)
