@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 
 from kafka2delta.config import without_credentials
 from kafka2delta.errors import FatalError, SchemaChanged
-from kafka2delta.offsets import RETIRED_MARK, start_mark_id
+from kafka2delta.offsets import mark_in_force, start_mark_id
 from kafka2delta.records import DeadLetter, OffsetRange, TopicPartition
 from kafka2delta.writer import DeltaWriter, LegacyTxnId
 
@@ -147,8 +147,7 @@ class DeadLetterTable:
 
     def start_marks(self, table: str, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int | None]:
         """Where each partition starts in ``table`` as :meth:`mark_starts` recorded it (None: no mark, or retired)."""
-        marks = self._marks(table).committed_offsets(partitions)
-        return {tp: mark if mark is not None and mark > RETIRED_MARK else None for tp, mark in marks.items()}
+        return {tp: mark_in_force(mark) for tp, mark in self._marks(table).committed_offsets(partitions).items()}
 
     def mark_starts(self, table: str, starts: Mapping[TopicPartition, int]) -> int:
         """Record where partitions start in ``table`` (the last offset before it, or :data:`RETIRED_MARK`: no mark

@@ -25,6 +25,11 @@ RETIRED_MARK = -2
 offset before a start, never below -1."""
 
 
+def mark_in_force(mark: int | None) -> int | None:
+    """A start mark's txn version as read from the log: the mark, or None when there is none or it was retired."""
+    return mark if mark is not None and mark > RETIRED_MARK else None
+
+
 def start_mark_id(prefix: str, table: str, tp: TopicPartition) -> str:
     """The txn app id, in the dead-letter table whose prefix for ``tp``'s topic is ``prefix``, of the start mark of
     ``tp`` in ``table``: ``<prefix>-<topic>-start-<hash of the table's URI>-<partition>`` (every spelling of the

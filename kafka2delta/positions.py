@@ -28,6 +28,9 @@ _MARK_ATTEMPTS = 3  # another daemon wrote (txns or schema): what it wrote is re
 Marks = dict[TopicPartition, dict[str, int]]
 """Per partition, the start marks of tables that hold no txn for it (:attr:`PartitionState.start_marks`)."""
 
+MarksToWrite = dict[tuple[str, str], dict[TopicPartition, int]]
+"""Start marks to write, by (table, home table: its dead-letter table keeps them), per partition."""
+
 
 class ReadBack(NamedTuple):
     versions: dict[TopicPartition, dict[str, int | None]]
@@ -145,16 +148,36 @@ class Positions:
             versions[tp][uri] = found[tp]
         return any(found[tp] is None for tp in starts)
 
-    def write_marks(self, dead_letters: DeadLetterStore, uri: str, starts: dict[TopicPartition, int]) -> bool:
-        """Set the start marks of ``uri`` in ``dead_letters`` to ``starts`` (:data:`RETIRED_MARK`: retire them);
-        whether they hold those values now (another process marking them meanwhile: read back, tried again)."""
+    def _write_marks(
+        self, marks: MarksToWrite, partitions: Mapping[TopicPartition, PartitionState]
+    ) -> set[TopicPartition]:
+        """Set the start marks (:data:`RETIRED_MARK` retires one) in the log, then in the partitions' states; the
+        partitions whose marks could not be written (another process kept writing them: read back and tried again,
+        up to 3 times)."""
+        unwritten: set[TopicPartition] = set()
+        for (uri, home), starts in marks.items():
+            if not self._write_table_marks(self._tables[home].dead_letters, uri, starts):
+                logger.warning(
+                    "%s: could not write the start marks of %s (another writer kept writing them)", uri, list(starts)
+                )
+                unwritten |= set(starts)
+                continue
+            for tp, start in starts.items():
+                if start == RETIRED_MARK:
+                    partitions[tp].start_marks.pop(uri, None)
+                else:
+                    partitions[tp].start_marks[uri] = start
+        return unwritten
+
+    def _write_table_marks(self, dead_letters: DeadLetterStore, uri: str, starts: dict[TopicPartition, int]) -> bool:
+        """Set the start marks of ``uri`` in ``dead_letters`` to ``starts``; whether they hold those values now."""
+        wanted = {tp: None if start == RETIRED_MARK else start for tp, start in starts.items()}
         for _ in range(_MARK_ATTEMPTS):
             try:
                 self._retrier.run("writing start marks", partial(dead_letters.mark_starts, uri, starts))
             except (CommitConflict, SchemaChanged) as exc:
                 logger.info("%s: writing start marks in %s met another writer (%s)", uri, dead_letters.uri, exc)
             found = self._retrier.run("reading start marks", partial(dead_letters.start_marks, uri, list(starts)))
-            wanted = {tp: None if start == RETIRED_MARK else start for tp, start in starts.items()}
             if found == wanted:
                 return True
         return False
@@ -174,7 +197,7 @@ class Positions:
         the partitions whose marks could not be written: the flush must not commit them."""
         if len(order) < 2:
             return set()
-        starts: dict[tuple[str, str], dict[TopicPartition, int]] = {}
+        starts: MarksToWrite = {}
         for tp in sorted({tp for uri in order for tp in taken[uri]}):
             state = partitions[tp]
             lanes = [uri for uri in order if tp in taken[uri]]  # with rows or not: any commit of it counts
@@ -182,15 +205,7 @@ class Positions:
             held = state.committed
             for uri in new:
                 starts.setdefault((uri, state.home), {})[tp] = held if held is not None else state.start - 1
-        unmarked: set[TopicPartition] = set()
-        for (uri, home), marks in starts.items():
-            if self.write_marks(self._tables[home].dead_letters, uri, marks):
-                for tp, mark in marks.items():
-                    partitions[tp].start_marks[uri] = mark
-            else:
-                logger.warning("%s: could not mark where %s start; reading them again", uri, list(marks))
-                unmarked |= set(marks)
-        return unmarked
+        return self._write_marks(starts, partitions)
 
     def settle_marks(
         self,
@@ -206,7 +221,7 @@ class Positions:
         after a crash had brought its rows back by then: found by review), and its mark is retired, else it would
         hold the partition back for good. A partition resynced by the flush keeps its marks (it is read again from
         them)."""
-        retire: dict[tuple[str, str], dict[TopicPartition, int]] = {}
+        retire: MarksToWrite = {}
         for uri in order:
             for tp, lane in taken[uri].items():
                 state = partitions.get(tp)
@@ -215,7 +230,4 @@ class Positions:
                 others = [v for other in state.tables if other != uri and (v := state.held(other)) is not None]
                 if state.tables[uri] is not None or (others and lane.last_offset >= max(others)):
                     retire.setdefault((uri, state.home), {})[tp] = RETIRED_MARK
-        for (uri, home), marks in retire.items():
-            if self.write_marks(self._tables[home].dead_letters, uri, marks):
-                for tp in marks:
-                    partitions[tp].start_marks.pop(uri, None)
+        self._write_marks(retire, partitions)  # one left unretired is retired by a later flush

@@ -17,7 +17,6 @@ that check comes when the topic's tables are opened.
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -68,13 +67,7 @@ class TableSpec:
 class _Route:
     key: str
     config: RouteConfig
-    pattern: re.Pattern[str] | None
     multi_topic: bool
-
-    def takes(self, topic: str) -> bool:
-        if self.config.topic:
-            return topic == self.config.topic
-        return self.pattern is None or self.pattern.search(topic) is not None
 
 
 class Routes:
@@ -93,8 +86,7 @@ class Routes:
         for key, route in declared:
             uri = self._uri(route)
             shared = TOPIC_PLACEHOLDER not in uri and (uris[table_key(uri)] > 1 or not route.topic)
-            pattern = re.compile(route.topic_pattern) if route.topic_pattern else None
-            routes.append(_Route(key, route, pattern, shared and not one_topic_daemon))
+            routes.append(_Route(key, route, shared and not one_topic_daemon))
         self._routes = routes
         self._one_topic_daemon = one_topic_daemon
         # Every dead-letter table, by table_key, with the key that names it (for errors).
@@ -131,7 +123,7 @@ class Routes:
         return {
             route.config.name: self._spec(route, topic)
             for route in self._routes
-            if route.config.name and route.takes(topic)
+            if route.config.name and route.config.takes(topic)
         }
 
     def dead_letter_prefix(self, topic: str) -> str:
@@ -169,7 +161,7 @@ class Routes:
 
     def _first_route(self, topic: str) -> _Route | None:
         """The route that takes ``topic`` when routing by topic (the first that matches)."""
-        return next((route for route in self._routes if route.takes(topic)), None)
+        return next((route for route in self._routes if route.config.takes(topic)), None)
 
     def _uri(self, route: RouteConfig) -> str:
         return route.uri or self._config.table.uri

@@ -24,7 +24,7 @@ from deltalake.exceptions import DeltaError, TableNotFoundError
 from kafka2delta import records
 from kafka2delta.errors import ConfigError, RetryableError
 from kafka2delta.kafka import new_consumer
-from kafka2delta.offsets import RETIRED_MARK, start_mark_id
+from kafka2delta.offsets import mark_in_force, start_mark_id
 from kafka2delta.records import PartitionMessages
 from kafka2delta.writer import legacy_txn_owner
 
@@ -231,8 +231,10 @@ def start_marks(
     try:
         for name in tables:
             for p in partitions:
-                mark = table.transaction_version(start_mark_id(prefix, name, records.TopicPartition(topic, p)))
-                if mark is not None and mark > RETIRED_MARK:
+                mark = mark_in_force(
+                    table.transaction_version(start_mark_id(prefix, name, records.TopicPartition(topic, p)))
+                )
+                if mark is not None:
                     marks[name, p] = mark
     except (DeltaError, OSError) as exc:
         raise RetryableError(f"reading the start marks in {uri}: {exc}") from exc

@@ -82,10 +82,6 @@ def table_key(table_uri: str) -> str:
     return f"{scheme}://{rest}".rstrip("/")
 
 
-def _pattern_takes(pattern: str, topic: str) -> bool:
-    return bool(pattern) and re.search(pattern, topic) is not None
-
-
 def without_credentials(text: str) -> str:
     """``text`` (a URI, or what was meant as one) with its credentials masked: the password of
     ``user:password@host``, a lone user part of a URL (a token), and ``user:password@host:8081`` written with no
@@ -247,6 +243,13 @@ class RouteConfig:
     dead_letter_table_uri: str = ""
     """This route's own dead-letter table (empty: the daemon's, ``dead_letters.table_uri``). Routes writing one
     table, and with ``[routing] expression`` all routes, must share one."""
+
+    def takes(self, topic: str) -> bool:
+        """Whether this route takes ``topic`` when routing by topic (neither ``topic`` nor ``topic_pattern``: every
+        topic)."""
+        if self.topic:
+            return topic == self.topic
+        return not self.topic_pattern or re.search(self.topic_pattern, topic) is not None
 
 
 @dataclass(frozen=True)
@@ -485,6 +488,12 @@ class JobsConfig:
     starting_offsets: Literal["earliest", "latest"] = "earliest"
     """Where a request topic is read from the first time (no checkpoint yet)."""
 
+    @property
+    def dead_letters_only(self) -> bool:
+        """``jobs ttl`` deletes dead letters only (``dead_letter_retention_days`` without ``ttl_topic`` or
+        ``retention_column``): it changes no table of the daemon's."""
+        return bool(self.dead_letter_retention_days) and not (self.ttl_topic or self.retention_column)
+
 
 @dataclass(frozen=True)
 class Config:
@@ -547,7 +556,7 @@ class Config:
             return uri
         if not only or self.routing.expression:
             return ""
-        route = next((r for r in self.routes if r.topic == only or _pattern_takes(r.topic_pattern, only)), None)
+        route = next((r for r in self.routes if r.takes(only)), None)
         return (route.uri if route and route.uri else uri).replace(TOPIC_PLACEHOLDER, only)
 
     @property

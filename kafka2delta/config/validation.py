@@ -371,9 +371,7 @@ def job_tables(config: Config, action: str) -> frozenset[str]:
     """The tables the turns of ``jobs <action>`` are on with this config (none: it cannot run)."""
     if config.main_table_uri or action not in ("mutate", "ttl"):
         return JOB_TABLES[action]
-    jobs = config.jobs
-    dead_letters_alone = jobs.dead_letter_retention_days and not (jobs.ttl_topic or jobs.retention_column)
-    return frozenset({_DEAD_LETTERS}) if action == "ttl" and dead_letters_alone else frozenset()
+    return frozenset({_DEAD_LETTERS}) if action == "ttl" and config.jobs.dead_letters_only else frozenset()
 
 
 def check_coordinator_order(config: Config, jobs: Mapping[str, frozenset[str]] = {}) -> None:

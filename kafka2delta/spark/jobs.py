@@ -155,8 +155,8 @@ def check_not_changelog(config: Config, job: str) -> None:
     dead letters changes no table of the config's."""
     from kafka2delta.spark.apply_changes import changelog_route
 
-    jobs, uri = config.jobs, config.main_table_uri
-    if job == "ttl" and jobs.dead_letter_retention_days and not (jobs.ttl_topic or jobs.retention_column):
+    uri = config.main_table_uri
+    if job == "ttl" and config.jobs.dead_letters_only:
         return
     where = changelog_route(config, uri) if uri else None
     if where is None:
