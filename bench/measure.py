@@ -17,8 +17,11 @@ import psutil
 class TreeMonitor:
     """Samples a process and its descendants every ``interval`` seconds in a thread.
 
-    - ``peak_rss_mb``: the largest sum of RSS over the tree at one sample (the daemon's Python process; for
-      Spark the driver's Python process plus its JVM);
+    - ``peak_rss_mb``: the larger of the largest sum of RSS over the tree at one sample (the daemon's Python
+      process; for Spark the driver's Python process plus its JVM) and the kernel's high-water mark (``VmHWM``)
+      of the largest process. A sample can fall between two short spikes (the daemon maps buffers of 1 MiB or
+      more on their own and frees them at once); the kernel's mark cannot, so for a one-process tree such as
+      the daemon the figure is its true peak, and for a tree never less than its largest process's;
     - ``cpu_s``: user + system CPU seconds of the tree: the last value seen of each process (a process that
       ends between two samples loses at most one interval), or the root's rusage when it is larger.
     """
@@ -27,6 +30,7 @@ class TreeMonitor:
         self.root = psutil.Process(pid)
         self.interval = interval
         self.peak_rss = 0
+        self._high_water: dict[int, int] = {}  # pid -> VmHWM bytes, the last read while it lived
         self._cpu: dict[int, float] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tree-monitor", daemon=True)
@@ -61,6 +65,7 @@ class TreeMonitor:
                 continue
             rss += mem
             key = proc.pid
+            self._high_water[key] = max(self._high_water.get(key, 0), high_water_mark(key))
             # children_* are the CPU of waited-for children (a short-lived helper such as `java -version`).
             self._cpu[key] = max(
                 self._cpu.get(key, 0.0), times.user + times.system + times.children_user + times.children_system
@@ -76,11 +81,20 @@ class TreeMonitor:
 
     @property
     def peak_rss_mb(self) -> float:
-        return round(self.peak_rss / 2**20, 1)
+        return round(max(self.peak_rss, *self._high_water.values(), 0) / 2**20, 1)
 
     @property
     def cpu_s(self) -> float:
         return sum(self._cpu.values())
+
+
+def high_water_mark(pid: int) -> int:
+    """The kernel's peak resident set size of a live process (``VmHWM`` in /proc), in bytes; 0 where unread."""
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024  # the kernel writes kB
+    return 0
 
 
 def cpu_s_of_children(before: Any, after: Any) -> float:

@@ -3,9 +3,9 @@ per-row end-to-end latency, scrape-time gauges, and bounded labels."""
 
 from __future__ import annotations
 
+import bisect
 import random
 import re
-import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -72,15 +72,18 @@ def test_bulk_histogram_buckets_are_cumulative_and_skip_nulls() -> None:
         bulk.observe_many(("extra",), pa.array([1.0]))
 
 
-def test_a_million_rows_are_observed_in_bulk_quickly() -> None:
+def test_a_million_rows_observed_in_bulk_land_in_the_buckets_one_by_one_observing_would() -> None:
+    # Its speed is the benchmark's to show (observe_many in bench/results/profile-json.txt), not a timed test's.
     registry = CollectorRegistry()
     bulk = BulkHistogram("x", "x", ("topic",), LATENCY_BUCKETS, registry)
-    values = pa.array([i % 5000 / 10 for i in range(1_000_000)], pa.float64())
-    started = time.perf_counter()
-    bulk.observe_many(("t",), values)
-    elapsed = time.perf_counter() - started
+    raw = [i % 5000 / 10 for i in range(1_000_000)]
+    bulk.observe_many(("t",), pa.array(raw, pa.float64()))
     assert value(registry, "x_count", topic="t") == 1_000_000
-    assert elapsed < 1.0, f"{elapsed:.3f} s for 1M values: not vectorised?"
+    assert value(registry, "x_sum", topic="t") == pytest.approx(sum(raw))
+    ordered = sorted(raw)
+    for bound in LATENCY_BUCKETS:
+        expected = bisect.bisect_right(ordered, bound)
+        assert value(registry, "x_bucket", topic="t", le=str(float(bound))) == expected, bound
 
 
 def fire_every_event(metrics: Metrics) -> None:
