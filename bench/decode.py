@@ -143,7 +143,15 @@ def build_batches(make: Maker, messages: int, batch: int) -> list[PartitionMessa
     for start in range(0, messages, batch):
         seqs = range(start, min(start + batch, messages))
         payloads: list[bytes | None] = [make(0, seq, stamps.at(seq)) for seq in seqs]
-        batches.append(PartitionMessages("events", 0, list(seqs), payloads, [1_764_115_200_000] * len(seqs)))
+        batches.append(
+            PartitionMessages(
+                topic="events",
+                partition=0,
+                offsets=list(seqs),
+                payloads=payloads,
+                timestamps_ms=[1_764_115_200_000] * len(seqs),
+            )
+        )
     return batches
 
 

@@ -25,7 +25,7 @@ from prometheus_client.metrics_core import HistogramMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
 from kafka2delta import __version__
-from kafka2delta.records import TopicPartition
+from kafka2delta.records import Stage, TopicPartition
 
 _PREFIX = "kafka2delta"
 _go_float: Callable[[float], str] = floatToGoString  # the `le` label as prometheus_client writes it
@@ -384,7 +384,7 @@ class Metrics:
         if count:
             self._deserialized.labels(topic).inc(count)
 
-    def failed(self, topic: str, stage: str, count: int = 1) -> None:
+    def failed(self, topic: str, stage: Stage, count: int = 1) -> None:
         if count:
             self._failed.labels(topic, stage).inc(count)
 
@@ -399,7 +399,7 @@ class Metrics:
 
     # --- committing --------------------------------------------------------------------
 
-    def dead_lettered(self, topic: str, stage: str, count: int = 1) -> None:
+    def dead_lettered(self, topic: str, stage: Stage, count: int = 1) -> None:
         if count:
             self._dead.labels(topic, stage).inc(count)
 

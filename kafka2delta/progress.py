@@ -14,7 +14,7 @@ import pyarrow as pa
 
 from kafka2delta.assignment import PartitionState
 from kafka2delta.metrics import CommitStats, Metrics
-from kafka2delta.records import DeadLetter, ProcessedPartition, TopicPartition
+from kafka2delta.records import DeadLetter, ProcessedPartition, Stage, TopicPartition
 from kafka2delta.status import CommitRecord, StatusBoard
 from kafka2delta.value_buffers import PartitionBuffer, ValueBuffers
 
@@ -60,7 +60,7 @@ class Progress:
 
     def processed(self, topic: str, outcomes: Iterable[ProcessedPartition], messages: int) -> None:
         """Deserialized and failed-per-stage counts of one processed piece (per dead letter, not per message)."""
-        failed: Counter[str] = Counter()
+        failed: Counter[Stage] = Counter()
         empty = 0
         for processed in outcomes:
             failed.update(letter.stage for letter in processed.dead_letters)

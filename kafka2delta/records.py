@@ -14,7 +14,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any, Literal, NamedTuple, TypeVar, get_args
+from typing import Any, Literal, NamedTuple, TypeVar
 
 import pyarrow as pa
 
@@ -24,7 +24,6 @@ Stage = Literal["deserialize", "transform", "route", "coerce", "write"]
 """Where a message failed: decoding its bytes, a transform or the filter, choosing its table by
 ``[routing] expression``, fitting it to the table schema, or Parquet refusing its row. Dead letters,
 metrics and logs carry it."""
-STAGES: tuple[Stage, ...] = get_args(Stage)
 
 Header = tuple[str, bytes | None]
 
@@ -40,7 +39,7 @@ class TopicPartition(NamedTuple):
         return f"{self.topic}[{self.partition}]"
 
 
-@dataclass
+@dataclass(kw_only=True)
 class PartitionMessages:
     """Messages of one partition from one consume call, as columns (offsets ascending).
 

@@ -122,14 +122,14 @@ def read_partitions(
 def partition_messages(topic: str, partition: int, messages: Sequence[Any]) -> PartitionMessages:
     """Consumed messages of one partition as the daemon's stages take them."""
     return PartitionMessages(
-        topic,
-        partition,
-        [m.offset() for m in messages],
-        [m.value() for m in messages],
-        [m.timestamp()[1] for m in messages],
-        [m.key() for m in messages],
-        [m.headers() for m in messages],
-        [m.timestamp()[0] for m in messages],
+        topic=topic,
+        partition=partition,
+        offsets=[m.offset() for m in messages],
+        payloads=[m.value() for m in messages],
+        timestamps_ms=[m.timestamp()[1] for m in messages],
+        keys=[m.key() for m in messages],
+        headers=[m.headers() for m in messages],
+        timestamp_types=[m.timestamp()[0] for m in messages],
     )
 
 

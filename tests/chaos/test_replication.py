@@ -77,6 +77,8 @@ def test_postgres_tables_equal_their_delta_tables_through_debezium_and_sigkills(
     messages = sum(high_watermarks(kafka_bootstrap, topics).values())
     chaos_result.scenario = f"replication, PostgreSQL → Debezium ({converter}) → 3 upsert tables, SIGKILLs"
     fired = daemon.record_kills(chaos_result)
+    # Each crash point was reached (a restart killed from outside before its fault fired would not test it).
+    assert sorted(fired) == sorted(daemon.planned_faults), f"fault points that fired: {fired}"
     assert daemon.current.stop() == 0, daemon.current.log()[-3000:]
     final = daemon.start("--until-caught-up")
     assert final.wait(300) == 0, final.log()[-3000:]

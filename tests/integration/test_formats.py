@@ -14,6 +14,7 @@ from typing import Any
 
 import fastavro
 import pyarrow as pa
+import pytest
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
@@ -91,6 +92,50 @@ def test_avro_through_the_registry_with_evolution(setup_factory, daemon_factory,
     assert json.loads(letters[0]["payload_json"])["amount"] == "lots"  # the decoded record, for triage
     assert "not in the registry" in letters[-1]["error"]
     assert setup.txn_versions() == {0: 45}
+
+
+@pytest.mark.parametrize("evolution", ["none", "merge"])
+def test_avro_through_the_registry_makes_its_table_from_the_writer_schema(
+    setup_factory, daemon_factory, schema_registry_url, evolution: str
+) -> None:
+    # No [table.schema]: the table is made from the first batch's writer schema; a later version's new field
+    # becomes a nullable column with merge, and is dropped (counted) with none.
+    setup = setup_factory(
+        1,
+        metadata_columns=None,
+        schema={},
+        sections={"format": {"type": "avro"}, "schema_registry": {"url": schema_registry_url}},
+        table={"schema_evolution": evolution},
+    )
+    client = SchemaRegistryClient({"url": schema_registry_url})
+    context = SerializationContext(setup.topic.name, MessageField.VALUE)
+    ts = dt.datetime(2026, 11, 28, 10, 0, 0, 123000, tzinfo=dt.UTC)
+    v1, v2 = avro_serializer(client, 1), avro_serializer(client, 2)
+    setup.topic.produce_messages(
+        [Message(0, v1({"id": f"a{i}", "amount": i / 2, "ts": ts, "user": {"id": i}}, context)) for i in range(10)]
+    )
+    first = daemon_factory(setup, "--until-caught-up")
+    assert first.wait(120) == 0, first.log()[-3000:]
+    schema = pa.schema(setup.table().schema().to_arrow())
+    assert schema.names == ["id", "amount", "ts", "user"], schema
+    assert pa.types.is_timestamp(schema.field("ts").type) and pa.types.is_struct(schema.field("user").type)
+    setup.topic.produce_messages(
+        [
+            Message(0, v2({"id": f"b{i}", "amount": 1.0, "ts": ts, "user": {"id": i}, "color": "red"}, context))
+            for i in range(10)
+        ]
+    )
+    second = daemon_factory(setup, "--until-caught-up")
+    assert second.wait(120) == 0, second.log()[-3000:]
+    schema = pa.schema(setup.table().schema().to_arrow())
+    rows = {r["id"]: r for r in setup.rows()}
+    assert len(rows) == 20 and rows["a3"]["ts"] == ts and rows["a3"]["user"] == {"id": 3}
+    if evolution == "merge":
+        assert schema.names == ["id", "amount", "ts", "user", "color"] and schema.field("color").nullable
+        assert rows["b1"]["color"] == "red" and rows["a1"]["color"] is None
+    else:
+        assert schema.names == ["id", "amount", "ts", "user"]
+    assert setup.dead_letters() == [] and setup.txn_versions() == {0: 19}
 
 
 def test_avro_bare_datums_with_a_schema_file(setup_factory, daemon_factory, tmp_path: Path) -> None:
@@ -174,6 +219,29 @@ def test_protobuf_through_the_registry(setup_factory, daemon_factory, schema_reg
     )
     [letter] = setup.dead_letters()
     assert letter["offset"] == 10 and letter["stage"] == "deserialize"
+
+
+def test_protobuf_through_the_registry_makes_its_table_from_the_message_type(
+    setup_factory, daemon_factory, schema_registry_url
+) -> None:
+    setup = setup_factory(
+        1,
+        metadata_columns=None,
+        schema={},
+        sections={"format": {"type": "protobuf"}, "schema_registry": {"url": schema_registry_url}},
+    )
+    Event = message_class(compile_with_protoc({"event.proto": EVENT_PROTO}, "event.proto"), "k2d.test.Event")
+    client = SchemaRegistryClient({"url": schema_registry_url})
+    serializer = ProtobufSerializer(Event, client, {"use.deprecated.format": False})
+    context = SerializationContext(setup.topic.name, MessageField.VALUE)
+    events = [Event(id=f"p{i}", count=i, tags=["a"], kind=Event.VIEW) for i in range(5)]
+    setup.topic.produce_messages([Message(0, serializer(event, context)) for event in events])
+    daemon = daemon_factory(setup, "--until-caught-up")
+    assert daemon.wait(120) == 0, daemon.log()[-3000:]
+    schema = pa.schema(setup.table().schema().to_arrow())
+    assert schema.names == ["id", "count", "ts", "tags", "scores", "kind", "inner"], schema
+    rows = {r["id"]: r for r in setup.rows()}
+    assert len(rows) == 5 and rows["p3"]["count"] == 3 and rows["p3"]["kind"] == "VIEW" and rows["p3"]["tags"] == ["a"]
 
 
 def test_json_gzip_and_raw_payloads(setup_factory, daemon_factory) -> None:

@@ -208,6 +208,11 @@ class KilledDaemon:
         env = {**self._env, "K2D_FAULT_INJECT": fault} if fault else self._env
         return Daemon([*self._args, *extra], env, self._logs / f"daemon-{next(self._runs)}.log")
 
+    @property
+    def planned_faults(self) -> list[str]:
+        """The fault points the restarts were given (``point`` of ``point:n``), in order: each must have fired."""
+        return [fault.split(":")[0] for fault in self._faults if fault]
+
     def record_kills(self, result: ChaosResult) -> list[str]:
         """The kills made so far, in ``result``'s faults: the fault points that fired (each a SIGKILL the daemon
         made itself, named by its logs), the rest from outside. Returns the fault points that fired."""

@@ -92,7 +92,11 @@ class LogSource(FakeSource):
         batch = ConsumedBatch(end_offsets={self.tp(0): len(self.log)} if at_end else {})
         if offsets:
             payloads: list[bytes | None] = [self.log[o] for o in offsets]
-            batch.partitions = {self.tp(0): PartitionMessages("t", 0, offsets, payloads, [0] * len(offsets))}
+            batch.partitions = {
+                self.tp(0): PartitionMessages(
+                    topic="t", partition=0, offsets=offsets, payloads=payloads, timestamps_ms=[0] * len(offsets)
+                )
+            }
         return batch
 
     def seek(self, tp: TopicPartition, start: int | LogicalOffset) -> None:

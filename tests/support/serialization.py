@@ -20,7 +20,12 @@ from tests.support.protobuf import message_class
 def messages(payloads: Sequence[bytes | None], keys: Sequence[bytes | None] | None = None) -> PartitionMessages:
     n = len(payloads)
     return PartitionMessages(
-        "events", 3, list(range(100, 100 + n)), list(payloads), [0] * n, None if keys is None else list(keys)
+        topic="events",
+        partition=3,
+        offsets=list(range(100, 100 + n)),
+        payloads=list(payloads),
+        timestamps_ms=[0] * n,
+        keys=None if keys is None else list(keys),
     )
 
 

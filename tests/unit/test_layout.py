@@ -108,3 +108,28 @@ def test_the_check_sees_an_edge_when_there_is_one() -> None:
     # The loop is not pure: if the check could not see that, it would pass for anything.
     assert {"kafka2delta.committer", "kafka2delta.coordinator"} <= set(reached_edges("kafka2delta.runner"))
     assert "deltalake" in reached_edges("kafka2delta.writer")
+
+
+def test_boto3_is_imported_by_the_glue_edge_only_and_only_when_it_is_used() -> None:
+    # The image without the aws extra must start: boto3 is imported inside the Glue edge's functions, never at
+    # module level, and by no other module of the daemon (the Spark jobs are not the daemon).
+    importers: dict[str, list[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = ".".join(("kafka2delta", *path.relative_to(PACKAGE).with_suffix("").parts))
+        if module.startswith("kafka2delta.spark"):
+            continue
+        tree = ast.parse(path.read_text())
+        top_level = {id(node) for node in tree.body}
+        for node in ast.walk(tree):
+            names = (
+                [alias.name for alias in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
+            if any(name.split(".")[0] in ("boto3", "botocore") for name in names):
+                where = "module level" if id(node) in top_level else "in a function"
+                importers.setdefault(module, []).append(where)
+    assert set(importers) == {"kafka2delta.registry_glue"}, importers
+    assert set(importers["kafka2delta.registry_glue"]) == {"in a function"}

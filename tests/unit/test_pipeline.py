@@ -35,7 +35,13 @@ def json_pipeline(schema: pa.Schema, **kwargs: Any) -> Pipeline:
 
 def messages(payloads: list[bytes | None], first_offset: int = 100) -> PartitionMessages:
     offsets = list(range(first_offset, first_offset + len(payloads)))
-    return PartitionMessages("events", 3, offsets, payloads, [1_700_000_000_000 + i for i in range(len(payloads))])
+    return PartitionMessages(
+        topic="events",
+        partition=3,
+        offsets=offsets,
+        payloads=payloads,
+        timestamps_ms=[1_700_000_000_000 + i for i in range(len(payloads))],
+    )
 
 
 def test_good_messages_become_rows_in_the_table_schema() -> None:

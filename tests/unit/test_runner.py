@@ -389,7 +389,13 @@ def test_a_resync_inside_a_revoke_callback_neither_takes_stale_messages_nor_lose
             first = self.position[partition]
             offsets = list(range(first, min(first + count, 15)))
             self.position[partition] = first + len(offsets)
-            return PartitionMessages("t", partition, offsets, [log[partition][o] for o in offsets], [0] * len(offsets))
+            return PartitionMessages(
+                topic="t",
+                partition=partition,
+                offsets=offsets,
+                payloads=[log[partition][o] for o in offsets],
+                timestamps_ms=[0] * len(offsets),
+            )
 
         def consume(self, max_messages: int, timeout: float) -> ConsumedBatch:
             self.calls += 1

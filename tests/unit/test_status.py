@@ -215,7 +215,11 @@ def timed_batch(partition: int, first: int, payloads: list[bytes]) -> ConsumedBa
     return ConsumedBatch(
         partitions={
             TopicPartition("t", partition): PartitionMessages(
-                "t", partition, offsets, list(payloads), [0] * len(payloads)
+                topic="t",
+                partition=partition,
+                offsets=offsets,
+                payloads=list(payloads),
+                timestamps_ms=[0] * len(payloads),
             )
         }
     )

@@ -29,14 +29,14 @@ def make_messages(
     timestamp_types: list[int] | None = None,
 ) -> PartitionMessages:
     return PartitionMessages(
-        topic,
-        partition,
-        list(range(first_offset, first_offset + count)),
-        [b"{}"] * count,
-        [1_626_823_098_519 + i for i in range(count)],
-        keys,
-        headers,
-        timestamp_types,
+        topic=topic,
+        partition=partition,
+        offsets=list(range(first_offset, first_offset + count)),
+        payloads=[b"{}"] * count,
+        timestamps_ms=[1_626_823_098_519 + i for i in range(count)],
+        keys=keys,
+        headers=headers,
+        timestamp_types=timestamp_types,
     )
 
 

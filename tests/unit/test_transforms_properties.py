@@ -144,7 +144,11 @@ def batches(draw: st.DrawFn) -> tuple[pa.Schema, list[dict[str, Any]], list[Any]
 
 def messages_for(count: int) -> PartitionMessages:
     return PartitionMessages(
-        "topic", 1, list(range(40, 40 + count)), [b"{}"] * count, [1_700_000_000_000 + i for i in range(count)]
+        topic="topic",
+        partition=1,
+        offsets=list(range(40, 40 + count)),
+        payloads=[b"{}"] * count,
+        timestamps_ms=[1_700_000_000_000 + i for i in range(count)],
     )
 
 

@@ -144,11 +144,17 @@ def test_pipeline_filter_gives_only_the_filtered_offsets(tmp_path: Path) -> None
     config = load_config(path, {})
     pipeline = build_pipeline(config, parse_schema(config.create_schema_columns()))
     messages = PartitionMessages(
-        "t",
-        0,
-        [10, 11, 12, 13, 14],
-        [b'{"id": "a", "type": "click"}', b'{"id": "b", "type": "heartbeat"}', b"{not json", None, b'{"type": "x"}'],
-        [0] * 5,
+        topic="t",
+        partition=0,
+        offsets=[10, 11, 12, 13, 14],
+        payloads=[
+            b'{"id": "a", "type": "click"}',
+            b'{"id": "b", "type": "heartbeat"}',
+            b"{not json",
+            None,
+            b'{"type": "x"}',
+        ],
+        timestamps_ms=[0] * 5,
     )
     assert pipeline_filter(pipeline)(messages) == [11, 13]  # filtered, and the empty payload the stages skip
 
@@ -269,6 +275,28 @@ def test_an_upsert_table_holding_a_key_twice_fails(tmp_path: Path, monkeypatch: 
     [report] = check(config, None, partial(build_pipeline, config))
     assert isinstance(report, ChangesReport) and report.duplicated == [1] and not report.ok
     assert report.render().splitlines()[-1] == "  FAILED: duplicated 1"
+
+
+def test_an_upsert_table_that_lost_a_key_gained_one_or_holds_a_stale_value_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = _upsert_config(tmp_path)
+    records = [
+        (f'{{"id": {i}}}'.encode(), f'{{"id": {i}, "name": "{n}"}}'.encode()) for i, n in ((1, "a"), (2, "b"), (3, "c"))
+    ]
+    ingest_until_caught_up(config, TopicsSource([change_batch(P0, 0, records)], {P0: 3}))
+    serve_topics(monkeypatch, {"cdc": {0: [(i, value, key) for i, (key, value) in enumerate(records)]}})
+    [report] = check(config, None, partial(build_pipeline, config))
+    assert report.ok, report.render()
+    table = DeltaTable(str(tmp_path / "table"))
+    table.delete("id = 3")  # a change lost
+    table.update(updates={"name": "'zzz'"}, predicate="id = 1")  # a change applied wrongly
+    stray = table.to_pyarrow_table().filter(pc.field("id") == 2)
+    write_deltalake(table, stray.set_column(0, "id", pa.array([99], pa.int64())), mode="append")  # no change made it
+    [report] = check(config, None, partial(build_pipeline, config))
+    assert isinstance(report, ChangesReport) and not report.ok, report.render()
+    assert report.missing == [3] and report.extra == [99] and [key for key, _ in report.different] == [1]
+    assert report.render().splitlines()[-1] == "  FAILED: missing 1, extra 1, different 1"
 
 
 def test_an_upsert_table_several_topics_feed_is_checked_as_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
