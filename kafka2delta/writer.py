@@ -14,7 +14,7 @@ import re
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Self
 from urllib.parse import urlparse
 
 import pyarrow as pa
@@ -221,7 +221,7 @@ class DeltaWriter:
         create_schema: pa.Schema | None,
         partition_by: Iterable[str] = (),
         legacy_txn_id: LegacyTxnId | None = None,
-    ) -> DeltaWriter:
+    ) -> Self:
         """Open the table, creating it from ``create_schema`` when it does not exist."""
         options = dict(storage_options)
         try:

@@ -14,6 +14,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, Field
 from deltalake.schema import PrimitiveType
+from deltalake.transaction import AddAction
 from prometheus_client import generate_latest
 
 from kafka2delta.config import FormatConfig, load_config
@@ -37,31 +38,26 @@ def rows_of(ids: list[str]) -> Any:
     return pa.table({"id": ids}, schema=SCHEMA)
 
 
-class FlakyWriter:
-    """A real DeltaWriter whose first commit fails with a storage error before anything lands."""
+class FlakyWriter(DeltaWriter):
+    """A real DeltaWriter whose first commit fails with a storage error before anything lands (a subclass, so
+    mypy checks every override against the edge)."""
 
-    def __init__(self, writer: DeltaWriter) -> None:
-        self._writer = writer
-        self.schema = writer.schema
-        self.files_written = 0
-        self.failures_left = 1
+    files_written = 0
+    failures_left = 1
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._writer, name)
-
-    def write_files(self, *args: Any) -> Any:
+    def write_files(self, tp: TopicPartition, offsets: OffsetRange, rows: pa.Table) -> list[AddAction]:
         self.files_written += 1
-        return self._writer.write_files(*args)
+        return super().write_files(tp, offsets, rows)
 
-    def commit(self, *args: Any) -> int:
+    def commit(self, *args: Any, **kwargs: Any) -> int:
         if self.failures_left:
             self.failures_left -= 1
             raise RetryableError("S3 said 503")
-        return self._writer.commit(*args)
+        return super().commit(*args, **kwargs)
 
 
 def test_storage_error_is_retried_without_rewriting_or_rerecording(tmp_path: Path) -> None:
-    writer = FlakyWriter(DeltaWriter.open(str(tmp_path / "t"), {}, TXN.main, "snappy", 10, SCHEMA))
+    writer = FlakyWriter.open(str(tmp_path / "t"), {}, TXN.main, "snappy", 10, SCHEMA)
     source = FakeSource([batch(0, 0, 10, bad_every=5), batch(1, 0, 10)], [0, 1], high=10)
     sink = RecordingDeadLetters(tmp_path)
     ingestor, metrics = make(tmp_path, source, writer, sink)
@@ -92,7 +88,7 @@ def test_a_stop_request_bounds_the_retries_of_a_failing_commit(tmp_path: Path) -
     ``ingest.retry_after_stop_s`` more (that backoff cut short), then the daemon gives up naming the key, having
     committed nothing (a restart replays from the log), rather than retrying for minutes past the orchestrator's
     grace period."""
-    writer = FlakyWriter(DeltaWriter.open(str(tmp_path / "t"), {}, TXN.main, "snappy", 10, SCHEMA))
+    writer = FlakyWriter.open(str(tmp_path / "t"), {}, TXN.main, "snappy", 10, SCHEMA)
     writer.failures_left = 1_000
     source = FakeSource([batch(0, 0, 10)], [0], high=10)
     now = [100.0]
@@ -189,20 +185,21 @@ def test_conflict_drops_the_moved_partition_and_commits_the_other(tmp_path: Path
 def test_messages_fetched_before_a_resync_are_not_taken(tmp_path: Path) -> None:
     """A conflict mid-batch seeks back; the rest of the batch is stale and must leave no gap."""
     uri = str(tmp_path / "t")
-    ours = DeltaWriter.open(uri, {}, TXN.main, "snappy", 10, SCHEMA)
-    rival = DeltaWriter.open(uri, {}, TXN.main, "snappy", 10, SCHEMA)
-    log = [json.dumps({"id": f"m{o}"}).encode() for o in range(20)]
 
     class RacedWriter(FlakyWriter):
-        def commit(self, *args: Any) -> int:
+        def commit(self, *args: Any, **kwargs: Any) -> int:
             if self.failures_left:  # just before our first commit, a rival commits offsets 0..2
                 self.failures_left = 0
                 rows = rows_of([f"m{o}" for o in range(3)])
                 rival.commit(rival.write_files(T0, OffsetRange(0, 2), rows), {T0: None}, {T0: 2}, {})
-            return self._writer.commit(*args)
+            return super().commit(*args, **kwargs)
+
+    ours = RacedWriter.open(uri, {}, TXN.main, "snappy", 10, SCHEMA)
+    rival = DeltaWriter.open(uri, {}, TXN.main, "snappy", 10, SCHEMA)
+    log = [json.dumps({"id": f"m{o}"}).encode() for o in range(20)]
 
     source = LogSource(log)
-    ingestor, _ = make(tmp_path, source, RacedWriter(ours), RecordingDeadLetters(tmp_path), max_messages_per_file="5")
+    ingestor, _ = make(tmp_path, source, ours, RecordingDeadLetters(tmp_path), max_messages_per_file="5")
     ingestor.run(until_caught_up=True)
 
     table = DeltaTable(uri)
@@ -266,19 +263,20 @@ def assert_7_counted_once_as_a_skip(metrics: Metrics, ingestor: Ingestor, rows: 
 def test_a_dead_letter_recorded_before_a_main_commit_conflict_is_counted_once(tmp_path: Path) -> None:
     """Our dead-letter commit records 7, then our main commit conflicts (a rival committed 0..2 meanwhile)."""
     uri = str(tmp_path / "t")
-    ours = DeltaWriter.open(uri, {}, TXN.main, "snappy", 10, SCHEMA)
-    rival = DeltaWriter.open(uri, {}, TXN.main, "snappy", 10, SCHEMA)
 
     class RacedWriter(FlakyWriter):
-        def commit(self, *args: Any) -> int:
+        def commit(self, *args: Any, **kwargs: Any) -> int:
             if self.failures_left:  # after our dead-letter commit, before our first main commit
                 self.failures_left = 0
                 rows = rows_of([f"m{o}" for o in range(3)])
                 rival.commit(rival.write_files(T0, OffsetRange(0, 2), rows), {T0: None}, {T0: 2}, {})
-            return self._writer.commit(*args)
+            return super().commit(*args, **kwargs)
+
+    ours = RacedWriter.open(uri, {}, TXN.main, "snappy", 10, SCHEMA)
+    rival = DeltaWriter.open(uri, {}, TXN.main, "snappy", 10, SCHEMA)
 
     sink = RecordingDeadLetters(tmp_path)
-    ingestor, metrics = make(tmp_path, LogSource(broken_at_7()), RacedWriter(ours), sink)
+    ingestor, metrics = make(tmp_path, LogSource(broken_at_7()), ours, sink)
     ingestor.run(until_caught_up=True)
 
     ids = DeltaTable(uri).to_pyarrow_table().column("id").to_pylist()
@@ -296,7 +294,7 @@ def test_a_dead_letter_recorded_before_a_zombies_dead_letter_commit_is_counted_o
     zombie = DeadLetterTable.open(str(tmp_path / "dlq"), {}, TXN.prefix, "snappy", 10)
 
     class RacedDeadLetters(RecordingDeadLetters):
-        def commit(self, *args: Any) -> int:
+        def commit(self, *args: Any, **kwargs: Any) -> int:
             version = super().commit(*args)
             if self.commits == 1:
                 zombie.commit({T0: [DeadLetter("t", 0, 11, "coerce", "zombie", b"{}")]}, {T0: 9}, {T0: 11}, {})
@@ -316,17 +314,18 @@ def test_a_dead_letter_recorded_before_a_zombies_dead_letter_commit_is_counted_o
 def test_a_dead_letter_recorded_before_a_schema_change_is_counted_once(tmp_path: Path) -> None:
     """Our dead-letter commit records 7, then someone adds a column before our main commit: we refit and replay."""
     uri = str(tmp_path / "t")
-    writer = DeltaWriter.open(uri, {}, TXN.main, "snappy", 10, SCHEMA)
 
     class AlteredWriter(FlakyWriter):
-        def commit(self, *args: Any) -> int:
+        def commit(self, *args: Any, **kwargs: Any) -> int:
             if self.failures_left:
                 self.failures_left = 0
                 DeltaTable(uri).alter.add_columns([Field("x", PrimitiveType("string"), nullable=True)])
-            return self._writer.commit(*args)
+            return super().commit(*args, **kwargs)
+
+    writer = AlteredWriter.open(uri, {}, TXN.main, "snappy", 10, SCHEMA)
 
     sink = RecordingDeadLetters(tmp_path)
-    ingestor, metrics = make(tmp_path, LogSource(broken_at_7()), AlteredWriter(writer), sink)
+    ingestor, metrics = make(tmp_path, LogSource(broken_at_7()), writer, sink)
     ingestor.run(until_caught_up=True)
 
     table = DeltaTable(uri)
@@ -345,7 +344,7 @@ def test_a_dead_letter_commit_whose_outcome_was_lost_is_counted_once_by_the_retr
     writer.commit(writer.write_files(T0, OffsetRange(0, 4), rows_of(["m0"])), {T0: None}, {T0: 4}, {})
 
     class LostOutcome(RecordingDeadLetters):
-        def commit(self, *args: Any) -> int:
+        def commit(self, *args: Any, **kwargs: Any) -> int:
             version = super().commit(*args)
             if self.commits == 2:  # ours (the first is the crash's, below)
                 raise RetryableError("committed, then reading the log failed")
@@ -509,10 +508,10 @@ def test_the_status_board_masks_the_configured_secrets_an_error_carries(tmp_path
     uri = f"https://a.blob.core.windows.net/c/t/_delta_log/00000000000000000000.json?sig={encoded}&sv=2022-11-02"
 
     class RefusingWriter(FlakyWriter):
-        def commit(self, *args: Any) -> int:
+        def commit(self, *args: Any, **kwargs: Any) -> int:
             raise RetryableError(f"PUT {uri}: 403 Forbidden")
 
-    writer = RefusingWriter(DeltaWriter.open(str(tmp_path / "t"), {}, TXN.main, "snappy", 10, SCHEMA))
+    writer = RefusingWriter.open(str(tmp_path / "t"), {}, TXN.main, "snappy", 10, SCHEMA)
     pipeline = Pipeline(build_deserializer(FormatConfig(), None, "t"), SCHEMA)
     ingestor = Ingestor(
         config,
