@@ -108,7 +108,10 @@ def catchup(
     with log.open("wb") as out:
         proc = subprocess.Popen([*_command(profile), "--until-caught-up"], env=env, cwd=work, stderr=out, stdout=out)
         with TreeMonitor(proc.pid) as monitor:
-            code = proc.wait()
+            # wait4 gives the process's own peak RSS at exit, its last moments (the final flush) included.
+            _, status, usage = os.wait4(proc.pid, 0)
+            proc.returncode = code = os.waitstatus_to_exitcode(status)
+            monitor.exited(proc.pid, usage.ru_maxrss * 1024)  # Linux counts ru_maxrss in kB
         wall = time.monotonic() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if code != 0:

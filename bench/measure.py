@@ -18,10 +18,12 @@ class TreeMonitor:
     """Samples a process and its descendants every ``interval`` seconds in a thread.
 
     - ``peak_rss_mb``: the larger of the largest sum of RSS over the tree at one sample (the daemon's Python
-      process; for Spark the driver's Python process plus its JVM) and the kernel's high-water mark (``VmHWM``)
-      of the largest process. A sample can fall between two short spikes (the daemon maps buffers of 1 MiB or
-      more on their own and frees them at once); the kernel's mark cannot, so for a one-process tree such as
-      the daemon the figure is its true peak, and for a tree never less than its largest process's;
+      process; for Spark the driver's Python process plus its JVM) and the kernel's high-water mark of the
+      largest process (``VmHWM``, read at each sample, and the rusage of a process the caller reaped, see
+      :meth:`exited`). A sample can fall between two short spikes (the daemon maps buffers of 1 MiB or more on
+      their own and frees them at once); the kernel's mark cannot. So for a one-process tree reaped with
+      ``os.wait4`` (the daemon's catch-ups) the figure is its peak; otherwise it misses at most what grew in
+      the last interval before the process ended, and for a tree it is never less than its largest process's;
     - ``cpu_s``: user + system CPU seconds of the tree: the last value seen of each process (a process that
       ends between two samples loses at most one interval), or the root's rusage when it is larger.
     """
@@ -73,6 +75,10 @@ class TreeMonitor:
         if rss:
             self.peak_rss = max(self.peak_rss, rss)
             self.samples.append((time.monotonic(), rss / 2**20, sum(self._cpu.values())))
+
+    def exited(self, pid: int, max_rss_bytes: int) -> None:
+        """A process of the tree ended, with this peak RSS (``os.wait4``'s rusage): it counts as its mark."""
+        self._high_water[pid] = max(self._high_water.get(pid, 0), max_rss_bytes)
 
     def _run(self) -> None:
         while not self._stop.is_set():

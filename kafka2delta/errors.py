@@ -15,14 +15,15 @@
 
 Exceptions of the libraries that reach outside the process are caught only in the edge that calls the
 library, and re-raised as one of these with ``raise ... from exc``: ``kafka.py`` (confluent-kafka: the
-consumer and the dead-letter producer), ``writer.py`` and ``deferred_tables.py`` (deltalake, Parquet,
-pyarrow's file systems), ``registry.py`` (HTTP) and ``registry_glue.py`` (botocore), ``coordinator.py``
-(ZooKeeper, lock files), ``status.py`` (the HTTP server), ``config/secret_files.py`` (the files secrets are
-read from), the independent checker's ``verify*.py`` (it reads the topic and the tables with clients of its
-own) and ``spark/`` (PySpark and py4j). The stages catch only the data errors of the libraries that decode
-or encode one batch in memory (pyarrow, fastavro, protobuf: ``serialization/``, ``coercions/``,
-``changes/``, ``encoded_rows.py``, ``dictionaries.py``) and turn them into a ``MessageError`` naming the
-message, or into another error of this tree.
+consumer and the dead-letter producer), ``writer.py``, ``deferred_tables.py`` and ``txn_versions.py``
+(deltalake, Parquet, pyarrow's file systems), ``registry.py`` (HTTP) and ``registry_glue.py`` (botocore),
+``coordinator.py`` (ZooKeeper, lock files), ``status.py`` (the HTTP server), ``config/`` (the config file and
+the files secrets are read from), the independent checker's ``verify*.py`` (it reads the topic and the tables
+with clients of its own) and ``spark/`` (PySpark and py4j). The stages catch the errors of the libraries that
+parse an expression or decode and encode one batch in memory (jmespath, pyarrow, fastavro, protobuf:
+``transforms/``, ``serialization/``, ``coercions/``, ``changes/``, ``encoded_rows.py``, ``dictionaries.py``),
+and the read of ``format.avro_schema_file`` at start; they turn them into a ``MessageError`` naming the
+message, a ``ConfigError`` naming the key, or another error of this tree.
 """
 
 from __future__ import annotations

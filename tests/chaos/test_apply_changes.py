@@ -173,7 +173,7 @@ def test_targets_equal_postgres_through_changelogs_apply_changes_and_sigkills(
             killed.wait(600)
             job_kills["fault"] += "fault injection: SIGKILL at after_apply_merge" in killed.log()
             delays = random.Random(13)
-            for _ in range(5):  # a SIGKILL counts only if it found the turn still running
+            for _ in range(5):  # a SIGKILL counts only if it found the turn's process still running
                 victim = jobs.start("accounts")
                 time.sleep(delays.uniform(8.0, 20.0))  # Spark is up, somewhere in its turn
                 if victim.process.poll() is None:
@@ -181,6 +181,8 @@ def test_targets_equal_postgres_through_changelogs_apply_changes_and_sigkills(
                     job_kills["outside"] += 1
                     break
                 assert victim.wait() == 0, victim.log()[-4000:]  # the turn ended first: try again
+            else:
+                raise AssertionError("five turns of the job ended before a SIGKILL could find one running")
             while not workload_done.is_set():
                 jobs.run("accounts")
         except AssertionError as exc:

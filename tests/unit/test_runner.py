@@ -295,7 +295,7 @@ def test_a_dead_letter_recorded_before_a_zombies_dead_letter_commit_is_counted_o
 
     class RacedDeadLetters(RecordingDeadLetters):
         def commit(self, *args: Any, **kwargs: Any) -> int:
-            version = super().commit(*args)
+            version = super().commit(*args, **kwargs)
             if self.commits == 1:
                 zombie.commit({T0: [DeadLetter("t", 0, 11, "coerce", "zombie", b"{}")]}, {T0: 9}, {T0: 11}, {})
             return version
@@ -345,7 +345,7 @@ def test_a_dead_letter_commit_whose_outcome_was_lost_is_counted_once_by_the_retr
 
     class LostOutcome(RecordingDeadLetters):
         def commit(self, *args: Any, **kwargs: Any) -> int:
-            version = super().commit(*args)
+            version = super().commit(*args, **kwargs)
             if self.commits == 2:  # ours (the first is the crash's, below)
                 raise RetryableError("committed, then reading the log failed")
             return version
