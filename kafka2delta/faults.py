@@ -2,9 +2,10 @@
 
 Off by default. The CLI arms it from ``K2D_FAULT_INJECT=<point>[:<nth hit>]``; when it is not
 armed a :func:`point` call is one comparison. Points: ``after_parquet_write``,
-``after_dead_letter_commit``, ``before_merge`` (upsert tables: the MERGE's changes are computed, the
-call that writes its files and commits them not made), ``after_delta_commit``, ``before_kafka_commit``,
-``after_kafka_commit``,
+``after_dead_letter_commit``, ``between_table_commits`` (a flush of several tables: one committed, the next
+not yet), ``before_merge`` (upsert tables: the MERGE's changes are computed, the
+call that writes its files and commits them not made), ``inside_merge`` (a file of the MERGE written, its commit
+not made: see :func:`watching_files`), ``after_delta_commit``, ``before_kafka_commit``, ``after_kafka_commit``,
 ``in_revoke`` (a rebalance took partitions from us, before their buffers are committed) and ``in_assign``
 (partitions given to us, before their start offsets are read from the table); in ``jobs apply-changes``,
 ``after_apply_merge`` (a micro-batch's MERGE committed, Spark's checkpoint not yet told). The chaos suite
@@ -16,6 +17,12 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from urllib.parse import urlparse
 
 logger = logging.getLogger(__name__)
 
@@ -25,6 +32,7 @@ POINTS = frozenset(
         "after_dead_letter_commit",
         "between_table_commits",
         "before_merge",
+        "inside_merge",
         "after_delta_commit",
         "before_kafka_commit",
         "after_kafka_commit",
@@ -64,3 +72,80 @@ def point(name: str) -> None:
         for handler in logging.getLogger().handlers:
             handler.flush()
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+@contextmanager
+def watching_files(name: str, table_uri: str, next_commit: int) -> Iterator[None]:
+    """A step that writes files and commits them in one call outside Python (delta-rs's MERGE, which releases
+    the GIL), with no hook between the two: when ``name``'s hit is due, a thread SIGKILLs this process as soon as
+    a new data file appears in the local table ``table_uri`` while the log has no version ``next_commit`` yet.
+    A call that committed before a file was seen (it wrote none, or wrote it too fast) does not count as the hit:
+    the point stays armed for the next call."""
+    global _remaining_hits
+    if _armed != name or _remaining_hits > 1:
+        if _armed == name:
+            _remaining_hits -= 1
+        yield
+        return
+    location = urlparse(table_uri)
+    if location.scheme not in ("", "file"):
+        logger.warning("fault injection: %s watches local tables only, not %s", name, table_uri)
+        yield
+        return
+    directory = Path(location.path)
+    done, seen = threading.Event(), threading.Event()
+    watcher = threading.Thread(
+        target=_kill_on_new_file, args=(name, directory, next_commit, done, seen), name=f"fault-{name}", daemon=True
+    )
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watcher.join()
+    logger.warning(
+        "fault injection: %s %s; armed again",
+        name,
+        f"missed: version {next_commit} was committed before the kill"
+        if seen.is_set()
+        else f"saw no file before version {next_commit} was committed",
+    )
+
+
+def _kill_on_new_file(
+    name: str, directory: Path, next_commit: int, done: threading.Event, seen: threading.Event
+) -> None:
+    commit = directory / "_delta_log" / f"{next_commit:020d}.json"
+    before = _data_files(directory)
+    while not done.is_set() and not commit.exists():
+        written = _data_files(directory) - before
+        if not written:
+            time.sleep(0)  # let the call run: it needs the GIL to read its source rows
+            continue
+        # The line comes first (a dead process logs nothing), then the commit is looked for once more: the kill
+        # follows that look by microseconds, while a MERGE commits ~0.5 ms or more after its first file.
+        seen.set()
+        file = directory / sorted(written)[0]
+        logger.critical(
+            "fault injection: SIGKILL at %s (%s written, version %d not committed)", name, file, next_commit
+        )
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        if not commit.exists():
+            os.kill(os.getpid(), signal.SIGKILL)
+        return
+
+
+def _data_files(directory: Path) -> set[str]:
+    """The finished data files of a table, as paths under it (delta-rs writes ``<name>#<n>`` and renames it to
+    ``<name>`` when complete)."""
+    found = set()
+    folders = [Path()]
+    while folders:
+        folder = folders.pop()
+        for entry in os.scandir(directory / folder):
+            if entry.is_dir() and entry.name != "_delta_log":
+                folders.append(folder / entry.name)
+            elif entry.name.endswith(".parquet"):
+                found.add(str(folder / entry.name))
+    return found

@@ -27,6 +27,7 @@ from deltalake import Field as DeltaField
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from deltalake.transaction import AddAction, RemoveAction
 
+from kafka2delta import faults
 from kafka2delta.bisection import isolate_failures
 from kafka2delta.changes import DELETE_FLAG, ChangeOptions
 from kafka2delta.changes.collapse import UNAVAILABLE_FLAG
@@ -499,16 +500,17 @@ class DeltaWriter:
             if evolve:  # after the txn and schema checks (another writer's change is then SchemaChanged)
                 self._add_columns_of(changes)
             before = self._table.version()
-            stats.update(
-                merge_changes(
-                    self._table,
-                    changes,
-                    options,
-                    partition_by=self.partition_by,
-                    compression=self._compression,
-                    properties=properties,
+            with faults.watching_files("inside_merge", self._table.table_uri, before + 1):
+                stats.update(
+                    merge_changes(
+                        self._table,
+                        changes,
+                        options,
+                        partition_by=self.partition_by,
+                        compression=self._compression,
+                        properties=properties,
+                    )
                 )
-            )
             if self._table.version() == before:
                 # delta-rs commits nothing when the MERGE changes nothing (deletes of keys the table lacks, a
                 # flush of only dead letters): the txns must move all the same (found by review: the next

@@ -41,11 +41,13 @@ from tests.support.replication import (
 FULL = os.environ.get("K2D_CHAOS") == "full"
 SNAPSHOT_ROWS = 10_000 if FULL else 1_000
 KILLS = 8 if FULL else 2
-FAULTS = ("before_merge:2", "after_delta_commit:2", "after_parquet_write:2")
+# Each converter's first restart (the one the short form has) kills itself at another of these.
+FAULTS = ("inside_merge:2", "before_merge:2", "after_delta_commit:2", "after_parquet_write:2")
+CONVERTERS: tuple[Converter, ...] = ("json", "json-plain", "avro")
 OPERATIONS = 6_000 if FULL else 600
 
 
-@pytest.mark.parametrize("converter", ["json", "json-plain", "avro"])
+@pytest.mark.parametrize("converter", CONVERTERS)
 def test_postgres_tables_equal_their_delta_tables_through_debezium_and_sigkills(
     postgres: Database,
     kafka_connect: ConnectClient,
@@ -69,9 +71,12 @@ def test_postgres_tables_equal_their_delta_tables_through_debezium_and_sigkills(
     config_path.write_text(config_text(tmp_path, kafka_bootstrap, prefix, converter, registry))
     env = {k: v for k, v in os.environ.items() if not k.startswith("K2D_")}
     wait_for_snapshot(kafka_bootstrap, topics)
-    # The first restarts kill themselves at a named step of their second commit (the MERGE computed and not
-    # made; after its commit; after the rows were checked), the last ones are SIGKILLed from outside.
-    daemon = KilledDaemon(config_path, env, tmp_path, operations=OPERATIONS, kills=KILLS, faults=FAULTS, seed=7)
+    # The first restarts kill themselves at a named step of their second commit (a file of the MERGE written, its
+    # commit not made; the MERGE computed and not made; after its commit; after the rows were checked), the last
+    # ones are SIGKILLed from outside.
+    first = CONVERTERS.index(converter)
+    faults = FAULTS[first:] + FAULTS[:first]
+    daemon = KilledDaemon(config_path, env, tmp_path, operations=OPERATIONS, kills=KILLS, faults=faults, seed=7)
     run_workload(workload, OPERATIONS, daemon.on_step)
     wait_quiet(kafka_bootstrap, topics)
     messages = sum(high_watermarks(kafka_bootstrap, topics).values())
@@ -79,6 +84,10 @@ def test_postgres_tables_equal_their_delta_tables_through_debezium_and_sigkills(
     fired = daemon.record_kills(chaos_result)
     # Each crash point was reached (a restart killed from outside before its fault fired would not test it).
     assert sorted(fired) == sorted(daemon.planned_faults), f"fault points that fired: {fired}"
+    for orphan in daemon.files_left_inside_merges():  # the kill did land between the file and its commit
+        assert orphan.exists(), orphan
+        log = orphan.parent / "_delta_log"
+        assert not any(orphan.name in commit.read_text() for commit in log.glob("*.json")), f"{orphan} committed"
     assert daemon.current.stop() == 0, daemon.current.log()[-3000:]
     final = daemon.start("--until-caught-up")
     assert final.wait(300) == 0, final.log()[-3000:]

@@ -216,16 +216,29 @@ class KilledDaemon:
     def record_kills(self, result: ChaosResult) -> list[str]:
         """The kills made so far, in ``result``'s faults: the fault points that fired (each a SIGKILL the daemon
         made itself, named by its logs), the rest from outside. Returns the fault points that fired."""
-        fired = [
-            line.split("SIGKILL at ")[1]
-            for log in sorted(self._logs.glob("daemon-*.log"))
-            for line in log.read_text().splitlines()
-            if "fault injection: SIGKILL at" in line
-        ]
+        fired = [line.split(" ")[0] for line in self._kill_lines()]
         for point in fired:
             result.fault(f"daemon SIGKILL at {point}")
         result.fault("daemon SIGKILL", self._kills - len(self._kill_at) - len(fired))
         return fired
+
+    def files_left_inside_merges(self) -> list[Path]:
+        """The data files the ``inside_merge`` kills found written (the logs name each), whose MERGE never
+        committed."""
+        return [Path(line.split("(")[1].split(" written")[0]) for line in self._kill_lines() if "inside_merge" in line]
+
+    def _kill_lines(self) -> list[str]:
+        """What follows "SIGKILL at " in each fault-injection line of the logs that killed: the point, then its
+        details (an ``inside_merge`` line is logged before its last look at the log, and a "missed" line follows it
+        when the commit came first)."""
+        kills: list[str] = []
+        for log in sorted(self._logs.glob("daemon-*.log")):
+            for line in log.read_text().splitlines():
+                if "fault injection: SIGKILL at" in line:
+                    kills.append(line.split("SIGKILL at ")[1])
+                elif "fault injection: inside_merge missed" in line:
+                    kills.pop()
+        return kills
 
     def on_step(self, step: int) -> None:
         if self._kill_at and step == self._kill_at[0]:
