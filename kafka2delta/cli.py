@@ -152,7 +152,12 @@ def build_pipeline(config: Config, table_schema: pa.Schema, spec: TableSpec | No
         deserializer = ChangeDeserializer(deserializer, build_key_decoder(config.format, registry), changes)
     metadata_columns = spec.metadata_columns if spec is not None else config.table.metadata_columns
     metadata = tuple((f"kafka_{name}", f"kafka.{name}") for name in metadata_columns)
-    transformer = Transformer(config.transforms + metadata, config.filter.expression)
+    if spec is None:
+        transformer = Transformer(config.transforms + metadata, config.filter.expression)
+    else:
+        transformer = Transformer(
+            spec.transforms + metadata, spec.filter, key=spec.transforms_key, filter_key=spec.filter_key
+        )
     # kafka.timestamp is epoch milliseconds whatever unit the message's own epochs use.
     epoch_units = {**config.coercions.epoch_units, **({"kafka_timestamp": "ms"} if metadata else {})}
     options = CoercionOptions(config.coercions.epoch_unit, epoch_units)
@@ -193,6 +198,8 @@ def _ingest(config: Config, until_caught_up: bool, redact: Callable[[str], str] 
     # Headers cost a little per message: read them only when an expression can see the kafka object.
     expressions = [expression for _, expression in config.transforms] + [config.filter.expression]
     expressions.append(config.routing.expression)
+    for route in config.routes:
+        expressions += [expression for _, expression in route.transforms] + [route.filter]
     with_headers = any("kafka" in expression for expression in expressions)
     source = KafkaSource(config.kafka, partition_eof=until_caught_up, with_headers=with_headers)
     dead_letters = open_dead_letters(config, routes)

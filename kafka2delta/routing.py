@@ -34,6 +34,7 @@ from kafka2delta.errors import ConfigError
 from kafka2delta.offsets import TxnIds
 from kafka2delta.records import TopicPartition
 from kafka2delta.schema import is_required
+from kafka2delta.transforms import FILTER_KEY
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,12 +56,21 @@ class TableSpec:
     """The dead-letter table of the topics this table takes (a route's own, or the daemon's)."""
     changes: ChangeOptions | None = None
     """Upsert and changelog tables: the mode, key, envelope, delete mode and change columns; None: append."""
+    transforms: tuple[tuple[str, str], ...] = ()
+    """The route's transforms, or ``[transforms]``."""
+    filter: str = ""
+    """The route's filter expression, or ``filter.expression``."""
+    transforms_key: str = "transforms"
+    """Where :attr:`transforms` and :attr:`filter` were configured, for errors and dead letters
+    (``routes[2].transforms`` and ``routes[2].filter`` when the route gives them)."""
+    filter_key: str = FILTER_KEY
 
     @property
     def settings(self) -> tuple[object, ...]:
         """How the table is made and written, beyond where it is and how it names its txns."""
         columns = tuple(sorted(self.columns.items()))
-        return (columns, self.partition_by, self.schema_evolution, self.metadata_columns, self.changes)
+        made = (columns, self.partition_by, self.schema_evolution, self.metadata_columns, self.changes)
+        return (*made, self.transforms, self.filter)
 
 
 @dataclass(frozen=True)
@@ -197,6 +207,10 @@ class Routes:
             route=route.key,
             dead_letter_uri=self._dead_letter_uri(route),
             changes=changes,
+            transforms=config.transforms or self._config.transforms,
+            filter=config.filter or self._config.filter.expression,
+            transforms_key=f"{route.key}.transforms" if config.transforms else "transforms",
+            filter_key=f"{route.key}.filter" if config.filter else FILTER_KEY,
         )
         self._check_reach(spec, topic)
         return spec
@@ -224,7 +238,10 @@ class Routes:
             # set of txn ids for every topic it takes (a multi-topic table, reached by one URI).
             differs = f"one-topic txn ids ({ids[1]!r} beside {ids[0]!r} for partition 0), not one multi-topic table's"
         elif spec.settings != first.settings:
-            differs = "other table settings (schema, partition_by, schema_evolution, metadata_columns or mode)"
+            differs = (
+                "other table settings (schema, partition_by, schema_evolution, metadata_columns, mode, transforms "
+                "or filter)"
+            )
         elif table_key(spec.dead_letter_uri) != table_key(first.dead_letter_uri):
             differs = f"another dead-letter table ({without_credentials(spec.dead_letter_uri)})"
         else:
@@ -271,6 +288,8 @@ class Routes:
             config.key or table.key,
             config.delete_mode or table.delete_mode,
             config.change_columns or table.change_columns,
+            config.transforms or self._config.transforms,
+            config.filter or self._config.filter.expression,
         )
 
     def _check_app_ids(self) -> None:
@@ -301,8 +320,8 @@ class Routes:
                 raise ConfigError(
                     route.key,
                     f"writes the same table {uri} as {earlier_how[0]} with other table settings (schema, "
-                    "partition_by, schema_evolution, metadata_columns, mode, key, delete_mode or change_columns): "
-                    "give both routes the same ones",
+                    "partition_by, schema_evolution, metadata_columns, mode, key, delete_mode, change_columns, "
+                    "transforms or filter): give both routes the same ones (one table has one pipeline)",
                 )
         seen: dict[str, tuple[str, str]] = {}
         for route in self._routes:

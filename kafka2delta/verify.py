@@ -565,7 +565,7 @@ def _check_topic(
         legacy_app_id=None if spec.txn_ids.legacy_prefix is None else f"{spec.txn_ids.legacy_prefix}-dlq",
     )
     filtered = None
-    if config.filter.expression and pipeline_factory is not None:
+    if spec.filter and pipeline_factory is not None:
         schema = main.schema
         if schema is None:
             schema = parse_schema(dict(spec.columns)) if spec.columns else pa.schema([])

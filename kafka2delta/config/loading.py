@@ -154,7 +154,7 @@ def _build(raw: dict[str, Any], sources: dict[str, str], from_files: set[ConfigP
         if section not in SECTIONS and section not in (_TRANSFORMS, _ROUTES):
             raise ConfigError(section, f"unknown section (known: {', '.join([*SECTIONS, _TRANSFORMS, _ROUTES])})")
     built: dict[str, Any] = {
-        "transforms": _build_transforms(raw.get(_TRANSFORMS, {}), sources),
+        "transforms": _build_transforms(raw.get(_TRANSFORMS, {}), _where(_TRANSFORMS, sources)),
         "routes": _build_routes(raw.get(_ROUTES, []), sources, from_files),
     }
     for section, cls in SECTIONS.items():
@@ -168,8 +168,12 @@ def _build(raw: dict[str, Any], sources: dict[str, str], from_files: set[ConfigP
     return config
 
 
-def _build_transforms(values: Any, sources: dict[str, str]) -> tuple[tuple[str, str], ...]:
-    where = f"{_TRANSFORMS} (from {sources[_TRANSFORMS]})" if _TRANSFORMS in sources else _TRANSFORMS
+def _where(key: str, sources: dict[str, str]) -> str:
+    """``key`` as an error names it: with the environment variable it came from, if it did."""
+    return f"{key} (from {sources[key]})" if key in sources else key
+
+
+def _build_transforms(values: Any, where: str) -> tuple[tuple[str, str], ...]:
     if not isinstance(values, dict):
         raise ConfigError(where, 'expected a table of target = "expression"')
     pairs = []
@@ -193,7 +197,7 @@ def _flatten_targets(values: dict[str, Any], prefix: str = "") -> list[tuple[str
 
 
 def _build_routes(values: Any, sources: dict[str, str], from_files: set[ConfigPath]) -> tuple[RouteConfig, ...]:
-    where = f"{_ROUTES} (from {sources[_ROUTES]})" if _ROUTES in sources else _ROUTES
+    where = _where(_ROUTES, sources)
     if not isinstance(values, list):
         raise ConfigError(where, "expected an array of tables ([[routes]] in TOML, a JSON array in the environment)")
     routes = []
@@ -202,7 +206,12 @@ def _build_routes(values: Any, sources: dict[str, str], from_files: set[ConfigPa
             raise ConfigError(f"{where}[{index}]", "expected a table")
         section = f"{_ROUTES}[{index}]"
         read_key_files(section, RouteConfig, route, sources, from_files)
-        routes.append(_build_section(section, RouteConfig, route, sources, from_files, _TYPE_HINTS[_ROUTES]))
+        keys = {key: value for key, value in route.items() if key != _TRANSFORMS}  # a table, not a string field
+        built = _build_section(section, RouteConfig, keys, sources, from_files, _TYPE_HINTS[_ROUTES])
+        if _TRANSFORMS in route:
+            transforms = _build_transforms(route[_TRANSFORMS], f"{section}.{_TRANSFORMS}")
+            built = dataclasses.replace(built, transforms=transforms)
+        routes.append(built)
     return tuple(routes)
 
 

@@ -243,6 +243,12 @@ class RouteConfig:
     dead_letter_table_uri: str = ""
     """This route's own dead-letter table (empty: the daemon's, ``dead_letters.table_uri``). Routes writing one
     table, and with ``[routing] expression`` all routes, must share one."""
+    transforms: tuple[tuple[str, str], ...] = ()
+    """This route's ``target = "JMESPath expression"`` pairs (``[routes.transforms]`` after its ``[[routes]]``), in
+    place of ``[transforms]`` (empty: those). Routing by topic only: with ``[routing] expression`` a message is
+    transformed before its route is known."""
+    filter: str = ""
+    """This route's filter expression, in place of ``filter.expression`` (empty: that one). Routing by topic only."""
 
     def takes(self, topic: str) -> bool:
         """Whether this route takes ``topic`` when routing by topic (neither ``topic`` nor ``topic_pattern``: every
@@ -616,6 +622,8 @@ class Config:
             ),
             *(
                 f"route {route.name or index}: {_route_match(route)} → {without_credentials(route.uri or table.uri)}"
+                + (f", {len(route.transforms)} transforms of its own" if route.transforms else "")
+                + (f", filter {route.filter}" if route.filter else "")
                 for index, route in enumerate(self.routes)
             ),
             *([f"routing: per message by {self.routing.expression!r}"] if self.routing.expression else []),

@@ -20,6 +20,7 @@ from kafka2delta.config.sections import (
 )
 from kafka2delta.errors import ConfigError
 from kafka2delta.schema import is_required, parse_schema
+from kafka2delta.transforms import Transformer
 from kafka2delta.transforms.expressions import parse_expression
 
 
@@ -261,10 +262,11 @@ def _validate_changes(config: Config) -> None:
             raise ConfigError(
                 schema_at, f"{required} are not null, but a delete carries only the key: make them nullable"
             )
-        retargeted = [target for target, _ in config.transforms if target.split(".")[0] in key]
+        transforms_at = f"{prefix}.transforms" if route.transforms else "transforms"
+        retargeted = [target for target, _ in route.transforms or config.transforms if target.split(".")[0] in key]
         if retargeted and mode == "upsert":  # a changelog's deletes are rows, transformed like the others
             # A delete skips the transforms (it has only the key): a transformed key would never be deleted.
-            raise ConfigError("transforms", f"{retargeted} write key column(s) of {key_at}; a delete could not match")
+            raise ConfigError(transforms_at, f"{retargeted} write key column(s) of {key_at}; a delete could not match")
         at = f"{prefix}.change_columns" if route.change_columns else "table.change_columns"
         for name in change_columns:
             if name not in CHANGE_COLUMN_NAMES:
@@ -473,6 +475,7 @@ def _validate_routes(config: Config) -> None:
     expression = config.routing.expression
     if expression:
         parse_expression("routing.expression", expression)  # else the router's compile names an internal key
+    Transformer(config.transforms, config.filter.expression)  # at start, not when a first table opens
     _check_uri_template("table.uri", config.table.uri)
     if config.routes and not config.table.uri and not config.dead_letters.table_uri:
         raise ConfigError(
@@ -535,6 +538,14 @@ def _validate_routes(config: Config) -> None:
             names.add(route.name)
         elif expression:
             raise ConfigError(f"{key}.name", "required with [routing] expression (its value names the route)")
+        if route.transforms or route.filter:
+            if expression:
+                raise ConfigError(
+                    f"{key}.transforms" if route.transforms else f"{key}.filter",
+                    "not with [routing] expression: a message is transformed before its route is known; give every "
+                    "route's transforms in [transforms] and [filter]",
+                )
+            Transformer(route.transforms, route.filter, key=f"{key}.transforms", filter_key=f"{key}.filter")
 
 
 def _check_uri_template(key: str, uri: str) -> None:

@@ -90,8 +90,7 @@ class _Transform:
     plan: Plan | None
 
 
-def _target_parts(target: str) -> tuple[str, ...]:
-    config_key = f"transforms.{target}"
+def _target_parts(target: str, config_key: str) -> tuple[str, ...]:
     parts = tuple(target.split("."))
     if not target or any(not part for part in parts):
         raise ConfigError(config_key, f"invalid target {target!r}: expected dot-separated field names")
@@ -101,23 +100,30 @@ def _target_parts(target: str) -> tuple[str, ...]:
 
 
 class Transformer:
-    def __init__(self, transforms: Sequence[tuple[str, str]], filter_expression: str = "") -> None:
-        """Compile everything; a bad expression raises ConfigError naming ``transforms.<target>`` or
-        ``filter.expression``."""
+    def __init__(
+        self,
+        transforms: Sequence[tuple[str, str]],
+        filter_expression: str = "",
+        *,
+        key: str = "transforms",
+        filter_key: str = FILTER_KEY,
+    ) -> None:
+        """Compile everything; a bad expression raises ConfigError naming ``<key>.<target>`` or ``filter_key``
+        (a route's: ``routes[2].transforms``, ``routes[2].filter``), as a failing one's dead letters do."""
         self._interpreter = TreeInterpreter(jmespath.Options(custom_functions=TransformFunctions()))
         self._transforms: list[_Transform] = []
         interpreted: list[str] = []
         for target, expression in transforms:
-            config_key = f"transforms.{target}"
-            parts = _target_parts(target)
+            config_key = f"{key}.{target}"
+            parts = _target_parts(target, config_key)
             parsed = parse_expression(config_key, expression)
             plan = self._try_compile(parsed, config_key, interpreted)
             self._transforms.append(_Transform(parts, config_key, reference_evaluator(parsed, self._interpreter), plan))
         self._filter: _Transform | None = None
         if filter_expression.strip():
-            parsed = parse_expression(FILTER_KEY, filter_expression)
-            plan = self._try_compile(parsed, FILTER_KEY, interpreted)
-            self._filter = _Transform((), FILTER_KEY, reference_evaluator(parsed, self._interpreter), plan)
+            parsed = parse_expression(filter_key, filter_expression)
+            plan = self._try_compile(parsed, filter_key, interpreted)
+            self._filter = _Transform((), filter_key, reference_evaluator(parsed, self._interpreter), plan)
         self.interpreted: tuple[str, ...] = tuple(interpreted)
         """Config keys of the expressions the fast lane cannot run, with why (for a log line)."""
 

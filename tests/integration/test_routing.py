@@ -17,7 +17,7 @@ from typing import Any
 
 from confluent_kafka.admin import AdminClient
 
-from tests.support.harness import BackgroundProducer, Daemon, Message, Topic, event, wait_for
+from tests.support.harness import BackgroundProducer, Daemon, Message, Topic, event, toml_section, wait_for
 from tests.support.observability import free_port, http_get, scrape, total
 from tests.support.routing import (
     BROKEN,
@@ -259,6 +259,58 @@ def test_two_topics_share_one_table_with_topic_named_txn_ids(
     code, report = setup.verify()
     by_topic = _verified(code, report, {a.name, b.name})
     assert by_topic[a.name]["rows"] == by_topic[b.name]["rows"] == 2 * 1640
+
+
+def test_each_route_transforms_and_filters_its_topic_its_own_way(
+    tmp_path: Path, kafka_bootstrap: str, topic_factory: Callable[[int], Topic], daemon_factory: Callable[..., Daemon]
+) -> None:
+    clicks, orders = topic_factory(2), topic_factory(2)
+    lake = tmp_path / "lake"
+    config = write_config(
+        tmp_path / "config.toml",
+        kafka_bootstrap,
+        {"topics": [clicks.name, orders.name]},
+        {"uri": f"{lake}/{{topic}}"},
+        ingest={"max_messages_per_file": 20},
+    )
+    # [transforms] for every topic no route transforms; the clicks route has its own, and its own filter.
+    config.write_text(
+        config.read_text()
+        + "\n".join(
+            [
+                *toml_section("transforms", {"type": "'every topic'"}),
+                *toml_section("routes", {"topic": clicks.name, "uri": f"{lake}/clicks", "filter": "seq >= `30`"}),
+                *toml_section("routes.transforms", {"type": "'clicks route'", "user.country": "'DE'"}),
+            ]
+        ).replace("[routes]", "[[routes]]", 1)
+        + "\n"
+    )
+    produced = {t.name: t.produce(PER_PARTITION) for t in (clicks, orders)}
+    # The route's filter cannot order a string against a number: a dead letter naming the route's key.
+    clicks.produce_messages([Message(1, b'{"id": "text-seq", "seq": "x"}')])
+
+    daemon = daemon_factory(setup_for(config, orders, lake / orders.name), "--until-caught-up")
+    assert daemon.wait(180) == 0, daemon.log()[-4000:]
+
+    ordered = rows(lake / orders.name, ["id", "type", "user"])
+    assert sorted(r["id"] for r in ordered) == sorted(produced[orders.name])
+    assert {r["type"] for r in ordered} == {"every topic"} and {r["user"]["country"] for r in ordered} == {"FR"}
+    clicked = rows(lake / "clicks", ["id", "seq", "type", "user"])
+    kept = expected_ids(2, range(30, PER_PARTITION))
+    assert sorted(r["id"] for r in clicked) == sorted(kept)
+    assert {r["type"] for r in clicked} == {"clicks route"} and {r["user"]["country"] for r in clicked} == {"DE"}
+    letters = rows(lake / "_dead_letters")
+    assert [(r["topic"], r["partition"], r["offset"], r["stage"]) for r in letters] == [
+        (clicks.name, 1, PER_PARTITION, "transform")
+    ]
+    assert letters[0]["error"].startswith("routes[0].filter: cannot compare"), letters[0]["error"]
+
+    code, report = setup_for(config, orders, lake / orders.name).verify()
+    by_topic = _verified(code, report, {clicks.name, orders.name})
+    assert (by_topic[orders.name]["rows"], by_topic[orders.name]["skipped"]) == (2 * PER_PARTITION, 0)
+    filtered_out = 2 * PER_PARTITION - len(kept)
+    assert (by_topic[clicks.name]["rows"], by_topic[clicks.name]["skipped"]) == (len(kept), filtered_out)
+    assert by_topic[clicks.name]["dead_letters"] == 1
 
 
 def test_a_single_topic_table_keeps_its_offsets_when_a_second_topic_joins(

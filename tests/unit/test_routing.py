@@ -274,3 +274,103 @@ def test_tables_of_a_topic_are_every_table_it_can_reach_once() -> None:
     named = '[{"name": "A", "topic": "a", "uri": "/lake/a"}, {"name": "B", "topic": "b", "uri": "/lake/b"}]'
     by_topic = Routes(config(K2D_KAFKA__TOPICS="a,b", K2D_ROUTES=named))  # names without an expression: labels
     assert [spec.uri for spec in by_topic.tables_of("b")] == ["/lake/b"]
+
+
+def test_a_route_takes_transforms_and_a_filter_of_its_own(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text(
+        """
+[kafka]
+bootstrap_servers = "b:9092"
+topics = ["orders", "clicks", "refunds"]
+
+[table]
+uri = "/lake/{topic}"
+
+[transforms]
+id = "order_id"
+
+[filter]
+expression = "amount > `0`"
+
+[[routes]]
+topic = "clicks"
+uri = "/lake/clicks"
+filter = "page != 'health'"
+[routes.transforms]
+id = "click.id"
+"user.country" = "substr(geo.country, `0`, `2`)"
+
+[[routes]]
+topic = "refunds"
+uri = "/lake/refunds"
+"""
+    )
+    loaded = load_config(path, environ={})
+    routes = Routes(loaded)
+    clicks, refunds, orders = (routes.table_for(topic) for topic in ("clicks", "refunds", "orders"))
+    assert clicks.transforms == (("id", "click.id"), ("user.country", "substr(geo.country, `0`, `2`)"))
+    assert (clicks.filter, clicks.transforms_key, clicks.filter_key) == (
+        "page != 'health'",
+        "routes[0].transforms",
+        "routes[0].filter",
+    )
+    # A route that gives none keeps the daemon's, as [table] does.
+    for spec in (refunds, orders):
+        assert (spec.transforms, spec.filter) == ((("id", "order_id"),), "amount > `0`")
+        assert (spec.transforms_key, spec.filter_key) == ("transforms", "filter.expression")
+    assert any("route 0: topic clicks → /lake/clicks, 2 transforms of its own, filter" in s for s in loaded.summary())
+
+
+@pytest.mark.parametrize(
+    ("routes", "env", "key", "problem"),
+    [
+        ('[{"topic": "a", "uri": "/l/a", "transforms": {"id": "a.["}}]', {}, r"routes\[0\]\.transforms\.id", "invalid"),
+        ('[{"topic": "a", "uri": "/l/a", "transforms": {"kafka.x": "a"}}]', {}, r"routes\[0\]\.transforms\.kafka", ""),
+        ('[{"topic": "a", "uri": "/l/a", "transforms": {"id": 3}}]', {}, r"routes\[0\]\.transforms\.id", "expected"),
+        ('[{"topic": "a", "uri": "/l/a", "transforms": "id"}]', {}, r"routes\[0\]\.transforms", "expected a table"),
+        ('[{"topic": "a", "uri": "/l/a", "filter": "nope("}]', {}, r"routes\[0\]\.filter", "invalid JMESPath"),
+        ('[{"topic": "a", "uri": "/l/a", "filter": "unknown(x)"}]', {}, r"routes\[0\]\.filter", "unknown function"),
+        (
+            '[{"name": "a", "uri": "/l/a", "transforms": {"id": "x"}}]',
+            {"K2D_ROUTING__EXPRESSION": "type"},
+            r"routes\[0\]\.transforms",
+            r"not with \[routing\] expression",
+        ),
+        (
+            '[{"name": "a", "uri": "/l/a", "filter": "x"}]',
+            {"K2D_ROUTING__EXPRESSION": "type"},
+            r"routes\[0\]\.filter",
+            r"not with \[routing\] expression",
+        ),
+        (
+            '[{"topic": "a", "uri": "/l/a", "mode": "upsert", "key": ["id"], "transforms": {"id": "x"}}]',
+            {"K2D_FORMAT__KEY": "json"},
+            r"routes\[0\]\.transforms",
+            r"\['id'\] write key column",
+        ),
+    ],
+)
+def test_a_routes_transforms_and_filter_are_checked_at_start_naming_the_route(
+    routes: str, env: dict[str, str], key: str, problem: str
+) -> None:
+    with pytest.raises(ConfigError, match=rf"{key}.*{problem}"):
+        config(K2D_KAFKA__TOPICS="a", K2D_ROUTES=routes, **env)
+
+
+def test_the_daemons_transforms_are_checked_at_start() -> None:
+    with pytest.raises(ConfigError, match=r"transforms\.id: invalid JMESPath"):
+        config(K2D_KAFKA__TOPIC="a", K2D_TABLE__URI="/l/a", K2D_TRANSFORMS='{"id": "a.["}')
+
+
+def test_routes_writing_one_table_must_transform_and_filter_the_same_way() -> None:
+    """One table has one pipeline: two routes to it with other transforms would run the first one's."""
+    differ = [
+        '{"topic": "a", "uri": "/lake/all", "transforms": {"id": "a_id"}}',
+        '{"topic": "b", "uri": "/lake/all", "filter": "ok"}',
+    ]
+    with pytest.raises(ConfigError, match=r"routes\[1\]: writes the same table /lake/all .* transforms or filter"):
+        Routes(config(K2D_KAFKA__TOPICS="a,b", K2D_ROUTES=f"[{', '.join(differ)}]"))
+    same = '{"topic": "b", "uri": "/lake/all", "transforms": {"id": "a_id"}}'
+    routes = Routes(config(K2D_KAFKA__TOPICS="a,b", K2D_ROUTES=f"[{differ[0]}, {same}]"))
+    assert routes.table_for("b").transforms == (("id", "a_id"),)
