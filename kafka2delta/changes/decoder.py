@@ -26,7 +26,7 @@ import pyarrow as pa
 
 from kafka2delta.changes.avro import connect_schema
 from kafka2delta.changes.connect import ConnectSchema, fit_to_column
-from kafka2delta.changes.envelope import Change, debezium_change, plain_change, source_timestamp
+from kafka2delta.changes.envelope import Change, debezium_change, key_row, plain_change, source_timestamp
 from kafka2delta.changes.options import BEFORE_COLUMN, DELETED_COLUMN, ChangeOptions
 from kafka2delta.errors import MessageError
 from kafka2delta.records import PartitionMessages
@@ -110,10 +110,39 @@ class ChangeDeserializer:
             # A changelog's delete is a row too: typed by its message type, as an Avro or Connect one is.
             change = dataclasses.replace(change, fields=tuple(value_type))
         missing = [column for column in self._options.key if change.row.get(column) is None]
+        if missing and key is not None and not change.delete:
+            change = self._with_key_columns(change, missing, key)
+            missing = [column for column in missing if change.row.get(column) is None]
         if missing:
             what = "delete" if change.delete else "row"
-            raise decode_error(f"the {what} has no value for the key column(s) {missing}")
+            raise decode_error(f"the {what} has no value for the key column(s) {missing}, nor has its Kafka key")
         return change
+
+    def _with_key_columns(self, change: Change, missing: list[str], key: Any) -> Change:
+        """A row whose value leaves key columns out (or null) takes them from the decoded Kafka key: a keyed topic
+        whose values do not repeat their key (a compacted topic of profiles keyed by user id). The value's own
+        columns win. A typed row takes a key column typed by the key's schema, else by the table's column (the
+        value read by it, as a schemaless row's are), else by the value itself."""
+        try:
+            values, key_fields = key_row(key, self._options.key)
+        except MessageError:
+            return change  # a key that does not name the key columns: the row stays without them
+        found = {column: values[column] for column in missing if values.get(column) is not None}
+        if not found:
+            return change
+        fields = change.fields
+        if fields is not None:
+            typed = {member.name for member in fields}
+            declared = {member.name: member for member in key_fields or ()}
+            added = []
+            for column in [column for column in found if column not in typed]:
+                member = declared.get(column)
+                if member is None and column in self._table_schema.names:
+                    member = self._table_schema.field(column)
+                    found[column] = fit_to_column(found[column], member.type, column, self._options.decimal_handling)
+                added.append(member if member is not None else pa.field(column, pa.scalar(found[column]).type))
+            fields = (*added, *fields)
+        return dataclasses.replace(change, row={**change.row, **found}, fields=fields)
 
     def _read_value(
         self, messages: PartitionMessages, position: int, payload: bytes

@@ -163,14 +163,34 @@ def test_a_message_that_cannot_be_read_is_a_dead_letter_and_the_keys_later_chang
     assert [(letter["offset"], letter["stage"]) for letter in letters] == [(1, "deserialize"), (2, "coerce")]
 
 
-def test_a_tombstone_without_a_key_and_a_row_without_its_key_are_dead_letters(tmp_path: Path) -> None:
+def test_a_row_without_its_key_columns_takes_them_from_the_kafka_key(tmp_path: Path) -> None:
     cfg = config(tmp_path, K2D_TABLE__SCHEMA=SCHEMA)
-    batch = change_batch(P0, 0, [(None, None), (b'{"id": 5}', b'{"name": "no id"}'), (b'{"id": 6}', b'{"id": 6}')])
-    ingest_until_caught_up(cfg, TopicsSource([batch], {P0: 3}))
-    assert rows(tmp_path) == [{"id": 6, "name": None}]
+    typed = {"schema": {"type": "struct", "fields": [{"field": "name", "type": "string", "optional": True}]}}
+    batch = change_batch(
+        P0,
+        0,
+        [
+            (None, None),
+            (None, b'{"name": "no key anywhere"}'),
+            (b'{"other": 1}', b'{"name": "a key without id"}'),
+            (b'{"id": 5}', b'{"name": "id from the key"}'),
+            (b'{"id": 6}', b'{"id": null, "name": "null id, from the key"}'),
+            (b'{"id": 7}', b'{"id": 8, "name": "the value wins"}'),
+            (b'{"id": 9}', json.dumps({**typed, "payload": {"name": "typed by the Connect schema"}}).encode()),
+        ],
+    )
+    ingest_until_caught_up(cfg, TopicsSource([batch], {P0: 7}))
+    assert rows(tmp_path) == [
+        {"id": 5, "name": "id from the key"},
+        {"id": 6, "name": "null id, from the key"},
+        {"id": 8, "name": "the value wins"},
+        {"id": 9, "name": "typed by the Connect schema"},
+    ]
     letters = DeltaTable(str(tmp_path / "dlq")).to_pyarrow_table().sort_by("offset").to_pylist()
-    assert [letter["offset"] for letter in letters] == [0, 1]
-    assert "no key to delete" in letters[0]["error"] and "key column(s) ['id']" in letters[1]["error"]
+    assert [letter["offset"] for letter in letters] == [0, 1, 2]
+    assert "no key to delete" in letters[0]["error"]
+    for letter in letters[1:]:
+        assert "no value for the key column(s) ['id'], nor has its Kafka key" in letter["error"], letter["error"]
 
 
 ORDERS = SourceTable(
