@@ -106,7 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def open_table(config: Config, spec: TableSpec) -> OpenedTable:
     """A routed table as the daemon writes it: the Delta table (created from the route's columns when it does
     not exist, or later from its first rows when it has none), its pipeline, and its coordinator."""
-    if not spec.columns and config.format.type in ("json", "raw") and spec.schema_evolution != "merge":
+    if not spec.columns and spec.format.type in ("json", "raw") and spec.schema_evolution != "merge":
         raise ConfigError(
             f"{spec.route}.schema",
             f'table {spec.uri} has no schema: give one, or set schema_evolution = "merge" to take it from the '
@@ -146,10 +146,11 @@ def build_pipeline(config: Config, table_schema: pa.Schema, spec: TableSpec | No
     """The stages as configured, fitted to ``table_schema`` (of ``spec``'s table; default: ``[table]``'s);
     a bad expression or format setting is a ConfigError."""
     registry = open_registry(config)
-    deserializer: Deserializer = build_deserializer(config.format, registry, config.kafka.topic)
+    fmt, fmt_at = (spec.format, spec.format_key) if spec is not None else (config.format, "format")
+    deserializer: Deserializer = build_deserializer(fmt, registry, config.kafka.topic)
     changes = spec.changes if spec is not None else None
     if changes is not None:
-        deserializer = ChangeDeserializer(deserializer, build_key_decoder(config.format, registry), changes)
+        deserializer = ChangeDeserializer(deserializer, build_key_decoder(fmt, registry), changes)
     metadata_columns = spec.metadata_columns if spec is not None else config.table.metadata_columns
     metadata = tuple((f"kafka_{name}", f"kafka.{name}") for name in metadata_columns)
     if spec is None:
@@ -161,8 +162,8 @@ def build_pipeline(config: Config, table_schema: pa.Schema, spec: TableSpec | No
     # kafka.timestamp is epoch milliseconds whatever unit the message's own epochs use.
     epoch_units = {**config.coercions.epoch_units, **({"kafka_timestamp": "ms"} if metadata else {})}
     options = CoercionOptions(config.coercions.epoch_unit, epoch_units)
-    if config.format.type == "raw" and config.format.raw_column not in table_schema.names and table_schema.names:
-        raise ConfigError("format.raw_column", f"column {config.format.raw_column!r} is not in the table")
+    if fmt.type == "raw" and fmt.raw_column not in table_schema.names and table_schema.names:
+        raise ConfigError(f"{fmt_at}.raw_column", f"column {fmt.raw_column!r} is not in the table")
     evolution = spec.schema_evolution if spec is not None else config.table.schema_evolution
     return Pipeline(
         deserializer,

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kafka2delta.changes import CHANGELOG_METADATA, ChangeOptions
 from kafka2delta.config import (
     METADATA_COLUMNS,
     TOPIC_PLACEHOLDER,
     Config,
+    FormatConfig,
     RouteConfig,
     table_key,
     without_credentials,
@@ -56,6 +57,10 @@ class TableSpec:
     """The dead-letter table of the topics this table takes (a route's own, or the daemon's)."""
     changes: ChangeOptions | None = None
     """Upsert and changelog tables: the mode, key, envelope, delete mode and change columns; None: append."""
+    format: FormatConfig = field(default_factory=FormatConfig)
+    """How the table's messages are decoded: the route's ``[routes.format]``, or ``[format]``."""
+    format_key: str = "format"
+    """Where :attr:`format` was configured, for errors (``routes[2].format`` when the route gives one)."""
     transforms: tuple[tuple[str, str], ...] = ()
     """The route's transforms, or ``[transforms]``."""
     filter: str = ""
@@ -70,7 +75,7 @@ class TableSpec:
         """How the table is made and written, beyond where it is and how it names its txns."""
         columns = tuple(sorted(self.columns.items()))
         made = (columns, self.partition_by, self.schema_evolution, self.metadata_columns, self.changes)
-        return (*made, self.transforms, self.filter)
+        return (*made, self.format, self.transforms, self.filter)
 
 
 @dataclass(frozen=True)
@@ -207,6 +212,8 @@ class Routes:
             route=route.key,
             dead_letter_uri=self._dead_letter_uri(route),
             changes=changes,
+            format=config.format or self._config.format,
+            format_key=f"{route.key}.format" if config.format else "format",
             transforms=config.transforms or self._config.transforms,
             filter=config.filter or self._config.filter.expression,
             transforms_key=f"{route.key}.transforms" if config.transforms else "transforms",
@@ -239,8 +246,8 @@ class Routes:
             differs = f"one-topic txn ids ({ids[1]!r} beside {ids[0]!r} for partition 0), not one multi-topic table's"
         elif spec.settings != first.settings:
             differs = (
-                "other table settings (schema, partition_by, schema_evolution, metadata_columns, mode, transforms "
-                "or filter)"
+                "other table settings (schema, partition_by, schema_evolution, metadata_columns, mode, format, "
+                "transforms or filter)"
             )
         elif table_key(spec.dead_letter_uri) != table_key(first.dead_letter_uri):
             differs = f"another dead-letter table ({without_credentials(spec.dead_letter_uri)})"
@@ -259,7 +266,8 @@ class Routes:
             return None
         if not (config.key or table.key):
             raise ConfigError("table.key", f'required with mode = "{mode}" for the topics no route takes')
-        envelope = self._config.format.envelope
+        fmt = config.format or self._config.format
+        envelope = fmt.envelope
         change_columns = config.change_columns or table.change_columns
         if mode == "changelog":
             change_columns = ("op", "source_ts", "lsn") if envelope == "debezium" else ("op",)
@@ -270,7 +278,7 @@ class Routes:
             delete_mode="soft" if (config.delete_mode or table.delete_mode) == "soft" else "hard",
             change_columns=change_columns,
             before_image=table.before_image and mode == "changelog",
-            decimal_handling=self._config.format.decimal_handling,
+            decimal_handling=fmt.decimal_handling,
         )
 
     def _dead_letter_uri(self, route: _Route) -> str:
@@ -288,6 +296,7 @@ class Routes:
             config.key or table.key,
             config.delete_mode or table.delete_mode,
             config.change_columns or table.change_columns,
+            config.format or self._config.format,
             config.transforms or self._config.transforms,
             config.filter or self._config.filter.expression,
         )
@@ -321,7 +330,7 @@ class Routes:
                     route.key,
                     f"writes the same table {uri} as {earlier_how[0]} with other table settings (schema, "
                     "partition_by, schema_evolution, metadata_columns, mode, key, delete_mode, change_columns, "
-                    "transforms or filter): give both routes the same ones (one table has one pipeline)",
+                    "format, transforms or filter): give both routes the same ones (one table has one pipeline)",
                 )
         seen: dict[str, tuple[str, str]] = {}
         for route in self._routes:

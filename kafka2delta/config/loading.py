@@ -67,6 +67,7 @@ SECTIONS: dict[str, type[Any]] = {
 _TRANSFORMS = "transforms"
 # An array of tables ([[routes]] in TOML; K2D_ROUTES: a JSON array of objects).
 _ROUTES = "routes"
+_FORMAT = "format"
 _TYPE_HINTS = {name: typing.get_type_hints(cls) for name, cls in [*SECTIONS.items(), (_ROUTES, RouteConfig)]}
 
 
@@ -206,11 +207,17 @@ def _build_routes(values: Any, sources: dict[str, str], from_files: set[ConfigPa
             raise ConfigError(f"{where}[{index}]", "expected a table")
         section = f"{_ROUTES}[{index}]"
         read_key_files(section, RouteConfig, route, sources, from_files)
-        keys = {key: value for key, value in route.items() if key != _TRANSFORMS}  # a table, not a string field
+        keys = {key: value for key, value in route.items() if key not in (_TRANSFORMS, _FORMAT)}  # tables of their own
         built = _build_section(section, RouteConfig, keys, sources, from_files, _TYPE_HINTS[_ROUTES])
         if _TRANSFORMS in route:
             transforms = _build_transforms(route[_TRANSFORMS], f"{section}.{_TRANSFORMS}")
             built = dataclasses.replace(built, transforms=transforms)
+        if _FORMAT in route:
+            own = f"{section}.{_FORMAT}"
+            if not isinstance(route[_FORMAT], dict):
+                raise ConfigError(own, "expected a table ([routes.format] after its [[routes]] in TOML)")
+            fmt = _build_section(own, FormatConfig, route[_FORMAT], sources, from_files, _TYPE_HINTS[_FORMAT])
+            built = dataclasses.replace(built, format=fmt)
         routes.append(built)
     return tuple(routes)
 

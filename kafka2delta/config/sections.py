@@ -249,6 +249,9 @@ class RouteConfig:
     transformed before its route is known."""
     filter: str = ""
     """This route's filter expression, in place of ``filter.expression`` (empty: that one). Routing by topic only."""
+    format: FormatConfig | None = None
+    """This route's ``[routes.format]``, in place of ``[format]``: the whole of it, a key it leaves out takes its
+    default, not ``[format]``'s (None: ``[format]``). The schema registry is the daemon's. Routing by topic only."""
 
     def takes(self, topic: str) -> bool:
         """Whether this route takes ``topic`` when routing by topic (neither ``topic`` nor ``topic_pattern``: every
@@ -622,13 +625,14 @@ class Config:
             ),
             *(
                 f"route {route.name or index}: {_route_match(route)} → {without_credentials(route.uri or table.uri)}"
+                + (f", format {_format_line(route.format)}" if route.format else "")
                 + (f", {len(route.transforms)} transforms of its own" if route.transforms else "")
                 + (f", filter {route.filter}" if route.filter else "")
                 for index, route in enumerate(self.routes)
             ),
             *([f"routing: per message by {self.routing.expression!r}"] if self.routing.expression else []),
             f"dead letters: {dead_letters}",
-            f"format: {fmt.type}{' (gzip)' if fmt.gzip else ''}, key {fmt.key}, schema registry {registry}, "
+            f"format: {_format_line(fmt)}, schema registry {registry}, "
             f"{len(self.transforms)} transforms, filter {self.filter.expression or 'none'}",
             f"commit when the first limit is reached: {ingest.allowed_latency_s:g} s latency, "
             f"{ingest.max_messages_per_file:,} messages or {_mib(ingest.min_bytes_per_file)} per partition, "
@@ -679,6 +683,10 @@ def _steps(path: tuple[str, ...]) -> list[str | int]:
         indexed = re.fullmatch(r"(\w+)\[(\d+)\]", part)
         steps += [indexed[1], int(indexed[2])] if indexed else [part]
     return steps
+
+
+def _format_line(fmt: FormatConfig) -> str:
+    return f"{fmt.type}{' (gzip)' if fmt.gzip else ''}, key {fmt.key}"
 
 
 def _route_match(route: RouteConfig) -> str:

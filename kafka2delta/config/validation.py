@@ -13,7 +13,9 @@ from kafka2delta.config.sections import (
     S3_SCHEMES,
     TOPIC_PLACEHOLDER,
     Config,
+    FormatConfig,
     RouteConfig,
+    SchemaRegistryConfig,
     s3_option_name,
     table_key,
     without_credentials,
@@ -158,35 +160,51 @@ def validate_storage_options(config: Config, environ: Mapping[str, str], sources
 
 
 def _validate_format(config: Config) -> None:
-    fmt, registry = config.format, config.schema_registry
+    """``[format]`` and each route's own, against the daemon's one schema registry."""
+    registry = config.schema_registry
     if registry.url and not re.match(r"https?://", registry.url):
         raise ConfigError(
             "schema_registry.url", f"expected an http:// or https:// URL, got {without_credentials(registry.url)!r}"
         )
     _validate_glue(config)
-    if fmt.type == "avro" and not (registry.enabled or fmt.avro_schema_file):
+    formats = [("format", config.format)]
+    formats += [(f"routes[{i}].format", route.format) for i, route in enumerate(config.routes) if route.format]
+    for prefix, fmt in formats:
+        _validate_one_format(prefix, fmt, registry)
+    if registry.type == "glue" and not any(fmt.type != "raw" or fmt.key in ("avro", "protobuf") for _, fmt in formats):
+        key = formats[-1][1].key
         raise ConfigError(
-            "format.type",
-            "avro needs a schema registry (schema_registry.url, or type = 'glue') or format.avro_schema_file",
+            "schema_registry.type",
+            "'glue' decodes avro, protobuf and json values and avro and protobuf keys: raw values with "
+            f"format.key = {key!r} use none",
         )
-    if fmt.type == "protobuf" and not registry.enabled:
-        raise ConfigError("format.type", "protobuf needs a schema registry (schema_registry.url, or type = 'glue')")
-    if fmt.key in ("avro", "protobuf") and not registry.enabled:
-        raise ConfigError(
-            "format.key", f"{fmt.key} keys need a schema registry (schema_registry.url, or type = 'glue')"
-        )
-    if fmt.gzip and fmt.type not in ("json", "raw"):
-        raise ConfigError("format.gzip", f"gzip applies to json and raw payloads, not {fmt.type}")
-    if fmt.avro_schema_file and fmt.type != "avro":
-        raise ConfigError("format.avro_schema_file", f"is only used with format.type = 'avro', not {fmt.type!r}")
     if registry.password and not registry.username:
         raise ConfigError("schema_registry.username", "is required when schema_registry.password is set")
 
 
+def _validate_one_format(prefix: str, fmt: FormatConfig, registry: SchemaRegistryConfig) -> None:
+    if fmt.type == "avro" and not (registry.enabled or fmt.avro_schema_file):
+        raise ConfigError(
+            f"{prefix}.type",
+            "avro needs a schema registry (schema_registry.url, or type = 'glue') or format.avro_schema_file",
+        )
+    if fmt.type == "protobuf" and not registry.enabled:
+        raise ConfigError(f"{prefix}.type", "protobuf needs a schema registry (schema_registry.url, or type = 'glue')")
+    if fmt.key in ("avro", "protobuf") and not registry.enabled:
+        raise ConfigError(
+            f"{prefix}.key", f"{fmt.key} keys need a schema registry (schema_registry.url, or type = 'glue')"
+        )
+    if fmt.gzip and fmt.type not in ("json", "raw"):
+        raise ConfigError(f"{prefix}.gzip", f"gzip applies to json and raw payloads, not {fmt.type}")
+    if fmt.gzip and fmt.type == "json" and registry.type == "glue":
+        raise ConfigError(f"{prefix}.gzip", "Glue's wire format says itself whether a payload is compressed (zlib)")
+    if fmt.avro_schema_file and fmt.type != "avro":
+        raise ConfigError(f"{prefix}.avro_schema_file", f"is only used with format.type = 'avro', not {fmt.type!r}")
+
+
 def _validate_glue(config: Config) -> None:
-    """``schema_registry.type = "glue"``: Glue's keys only, and a format it can serve (Avro, Protobuf or JSON values
-    in Glue's wire format)."""
-    fmt, registry = config.format, config.schema_registry
+    """``schema_registry.type = "glue"``: Glue's keys only (the formats it serves: :func:`_validate_format`)."""
+    registry = config.schema_registry
     if registry.type != "glue":
         for key in ("region", "endpoint_url"):
             if getattr(registry, key):
@@ -203,14 +221,6 @@ def _validate_glue(config: Config) -> None:
             "schema_registry.endpoint_url",
             f"expected an http:// or https:// URL, got {without_credentials(registry.endpoint_url)!r}",
         )
-    if fmt.type == "raw" and fmt.key not in ("avro", "protobuf"):
-        raise ConfigError(
-            "schema_registry.type",
-            "'glue' decodes avro, protobuf and json values and avro and protobuf keys: raw values with "
-            f"format.key = {fmt.key!r} use none",
-        )
-    if fmt.gzip and fmt.type == "json":
-        raise ConfigError("format.gzip", "Glue's wire format says itself whether a payload is compressed (zlib)")
 
 
 CHANGE_COLUMN_NAMES = ("op", "source_ts", "lsn")
@@ -224,9 +234,11 @@ def _validate_changes(config: Config) -> None:
     table = config.table
     tables = [("table", RouteConfig(), table.schema)] if table.uri else []
     tables += [(f"routes[{i}]", route, route.schema or table.schema) for i, route in enumerate(config.routes)]
-    changing = 0
-    changelogs = 0
+    changing: dict[str, FormatConfig] = {}
+    """The formats of the upsert and changelog tables, by the key that names each (``format``, ``routes[2].format``)."""
+    debezium_changelogs = 0
     for prefix, route, columns in tables:
+        fmt, fmt_at = (route.format, f"{prefix}.format") if route.format else (config.format, "format")
         mode = route.mode or table.mode
         key = route.key or table.key
         change_columns = route.change_columns or table.change_columns
@@ -236,11 +248,13 @@ def _validate_changes(config: Config) -> None:
                 raise ConfigError(f"{prefix}.key", 'is only used with mode = "upsert" or "changelog"')
             if own.change_columns:
                 raise ConfigError(f"{prefix}.change_columns", 'is only used with mode = "upsert"')
+            if route.format:
+                _check_append_format(fmt_at, fmt)
             continue
-        changing += 1
+        changing[fmt_at] = fmt
         key_at = f"{prefix}.key" if route.key else "table.key"
         if mode == "changelog":
-            changelogs += 1
+            debezium_changelogs += fmt.envelope == "debezium"
             if own.change_columns:
                 raise ConfigError(
                     f"{prefix}.change_columns",
@@ -271,27 +285,26 @@ def _validate_changes(config: Config) -> None:
         for name in change_columns:
             if name not in CHANGE_COLUMN_NAMES:
                 raise ConfigError(at, f"unknown {name!r} (known: {', '.join(CHANGE_COLUMN_NAMES)})")
-            if name in _ENVELOPE_COLUMNS and config.format.envelope != "debezium":
-                raise ConfigError(at, f"{name!r} needs format.envelope = 'debezium' (the event's source gives it)")
-    if table.before_image and (not changelogs or config.format.envelope != "debezium"):
+            if name in _ENVELOPE_COLUMNS and fmt.envelope != "debezium":
+                raise ConfigError(at, f"{name!r} needs {fmt_at}.envelope = 'debezium' (the event's source gives it)")
+    if table.before_image and not debezium_changelogs:
         raise ConfigError("table.before_image", 'is only used by changelog tables with format.envelope = "debezium"')
+    if "format" not in changing:
+        _check_append_format("format", config.format)
     if not changing:
-        for name, unset in (("envelope", "none"), ("decimal_handling", "auto")):
-            if getattr(config.format, name) != unset:
-                raise ConfigError(
-                    f"format.{name}", "is only used with table.mode = 'upsert' or 'changelog' (or a route's mode)"
-                )
         return
-    if config.format.key == "none":
-        raise ConfigError(
-            "format.key",
-            "upsert and changelog tables read the key of a delete (a tombstone) from the Kafka key: "
-            'set "json", "avro", "protobuf" or "string"',
-        )
-    if config.format.type == "raw":
-        raise ConfigError(
-            "format.type", "upsert and changelog tables need a format with fields (json, avro or protobuf), not raw"
-        )
+    for fmt_at, fmt in changing.items():
+        if fmt.key == "none":
+            raise ConfigError(
+                f"{fmt_at}.key",
+                "upsert and changelog tables read the key of a delete (a tombstone) from the Kafka key: "
+                'set "json", "avro", "protobuf" or "string"',
+            )
+        if fmt.type == "raw":
+            raise ConfigError(
+                f"{fmt_at}.type",
+                "upsert and changelog tables need a format with fields (json, avro or protobuf), not raw",
+            )
     if config.routing.expression:
         raise ConfigError(
             "routing.expression",
@@ -466,6 +479,15 @@ def _validate_subscription(config: Config) -> None:
             raise ConfigError("kafka.topic_pattern", f"not a regular expression: {exc}") from exc
 
 
+def _check_append_format(fmt_at: str, fmt: FormatConfig) -> None:
+    """The change keys of a format no upsert or changelog table reads."""
+    for name, unset in (("envelope", "none"), ("decimal_handling", "auto")):
+        if getattr(fmt, name) != unset:
+            raise ConfigError(
+                f"{fmt_at}.{name}", "is only used with table.mode = 'upsert' or 'changelog' (or a route's mode)"
+            )
+
+
 # What Kafka accepts as a topic name: also safe as one path segment of a table URI ({topic} in table.uri).
 _TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
 
@@ -538,12 +560,13 @@ def _validate_routes(config: Config) -> None:
             names.add(route.name)
         elif expression:
             raise ConfigError(f"{key}.name", "required with [routing] expression (its value names the route)")
-        if route.transforms or route.filter:
+        if route.transforms or route.filter or route.format:
             if expression:
+                own = "transforms" if route.transforms else "filter" if route.filter else "format"
                 raise ConfigError(
-                    f"{key}.transforms" if route.transforms else f"{key}.filter",
-                    "not with [routing] expression: a message is transformed before its route is known; give every "
-                    "route's transforms in [transforms] and [filter]",
+                    f"{key}.{own}",
+                    "not with [routing] expression: a message is decoded and transformed before its route is known; "
+                    "give every route's in [format], [transforms] and [filter]",
                 )
             Transformer(route.transforms, route.filter, key=f"{key}.transforms", filter_key=f"{key}.filter")
 

@@ -4,6 +4,7 @@ by the single-topic release that a second topic joins, and 200 topics at once.""
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 import shutil
@@ -311,6 +312,50 @@ def test_each_route_transforms_and_filters_its_topic_its_own_way(
     filtered_out = 2 * PER_PARTITION - len(kept)
     assert (by_topic[clicks.name]["rows"], by_topic[clicks.name]["skipped"]) == (len(kept), filtered_out)
     assert by_topic[clicks.name]["dead_letters"] == 1
+
+
+def test_a_route_reads_its_topic_in_a_format_of_its_own(
+    tmp_path: Path, kafka_bootstrap: str, topic_factory: Callable[[int], Topic], daemon_factory: Callable[..., Daemon]
+) -> None:
+    events, logs = topic_factory(2), topic_factory(2)
+    lake = tmp_path / "lake"
+    config = write_config(
+        tmp_path / "config.toml",
+        kafka_bootstrap,
+        {"topics": [events.name, logs.name]},
+        {"uri": f"{lake}/{{topic}}"},
+        ingest={"max_messages_per_file": 20},
+    )
+    # [format] is JSON (the default) for the events; the logs route reads its topic's lines as raw text, gzip'd.
+    config.write_text(
+        config.read_text()
+        + "\n".join(
+            [
+                "[[routes]]",
+                *toml_section("routes", {"topic": logs.name, "uri": f"{lake}/logs"})[1:],
+                'schema = { line = "string" }',  # and [table]'s metadata columns
+                *toml_section("routes.format", {"type": "raw", "raw_column": "line", "gzip": True}),
+            ]
+        )
+        + "\n"
+    )
+    produced = events.produce(PER_PARTITION)
+    lines = [f"GET /item/{p}-{n} 200 ✓" for n in range(PER_PARTITION) for p in range(2)]
+    logs.produce_messages([Message(i % 2, gzip.compress(line.encode())) for i, line in enumerate(lines)])
+    logs.produce_messages([Message(0, b"not gzip")])  # a dead letter of the route's format
+
+    daemon = daemon_factory(setup_for(config, events, lake / events.name), "--until-caught-up")
+    assert daemon.wait(180) == 0, daemon.log()[-4000:]
+
+    assert sorted(r["id"] for r in rows(lake / events.name, ["id"])) == sorted(produced)
+    assert sorted(r["line"] for r in rows(lake / "logs", ["line"])) == sorted(lines)
+    letters = rows(lake / "_dead_letters")
+    assert [(r["topic"], r["partition"], r["offset"], r["stage"]) for r in letters] == [
+        (logs.name, 0, PER_PARTITION, "deserialize")
+    ]
+    code, report = setup_for(config, events, lake / events.name).verify()
+    by_topic = _verified(code, report, {events.name, logs.name})
+    assert (by_topic[logs.name]["rows"], by_topic[logs.name]["dead_letters"]) == (2 * PER_PARTITION, 1)
 
 
 def test_a_single_topic_table_keeps_its_offsets_when_a_second_topic_joins(

@@ -374,3 +374,107 @@ def test_routes_writing_one_table_must_transform_and_filter_the_same_way() -> No
     same = '{"topic": "b", "uri": "/lake/all", "transforms": {"id": "a_id"}}'
     routes = Routes(config(K2D_KAFKA__TOPICS="a,b", K2D_ROUTES=f"[{differ[0]}, {same}]"))
     assert routes.table_for("b").transforms == (("id", "a_id"),)
+
+
+def test_a_route_takes_a_format_of_its_own_whole(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text(
+        """
+[kafka]
+bootstrap_servers = "b:9092"
+topics = ["orders", "logs", "profiles"]
+
+[table]
+uri = "/lake/{topic}"
+
+[format]
+type = "json"
+gzip = true
+key = "string"
+
+[[routes]]
+topic = "logs"
+uri = "/lake/logs"
+[routes.format]
+type = "raw"
+raw_column = "line"
+
+[[routes]]
+topic = "profiles"
+uri = "/lake/profiles"
+mode = "upsert"
+key = ["id"]
+schema = { id = "long not null", name = "string" }
+[routes.format]
+key = "json"
+envelope = "debezium"
+"""
+    )
+    loaded = load_config(path, environ={})
+    routes = Routes(loaded)
+    logs, profiles, orders = (routes.table_for(topic) for topic in ("logs", "profiles", "orders"))
+    # A route's format is whole: what it leaves out takes the defaults (no gzip, no key), not [format]'s.
+    assert (logs.format.type, logs.format.raw_column, logs.format.gzip, logs.format.key) == (
+        "raw",
+        "line",
+        False,
+        "none",
+    )
+    assert logs.format_key == "routes[0].format"
+    assert profiles.changes is not None and profiles.changes.envelope == "debezium"
+    assert (orders.format, orders.format_key) == (loaded.format, "format")
+    assert any("route 0: topic logs → /lake/logs, format raw, key none" in line for line in loaded.summary())
+
+
+@pytest.mark.parametrize(
+    ("routes", "env", "key", "problem"),
+    [
+        ('[{"topic": "a", "uri": "/l/a", "format": {"type": "xml"}}]', {}, r"routes\[0\]\.format\.type", "one of"),
+        ('[{"topic": "a", "uri": "/l/a", "format": "raw"}]', {}, r"routes\[0\]\.format", "expected a table"),
+        ('[{"topic": "a", "uri": "/l/a", "format": {"typ": "raw"}}]', {}, r"routes\[0\]\.format\.typ", "unknown key"),
+        ('[{"topic": "a", "uri": "/l/a", "format": {"type": "avro"}}]', {}, r"routes\[0\]\.format\.type", "registry"),
+        (
+            '[{"topic": "a", "uri": "/l/a", "format": {"type": "avro", "gzip": true}}]',
+            {"K2D_SCHEMA_REGISTRY__URL": "http://r:8081"},
+            r"routes\[0\]\.format\.gzip",
+            "json and raw",
+        ),
+        (
+            '[{"topic": "a", "uri": "/l/a", "format": {"envelope": "debezium"}}]',
+            {},
+            r"routes\[0\]\.format\.envelope",
+            "only used with table.mode",
+        ),
+        (
+            '[{"topic": "a", "uri": "/l/a", "mode": "upsert", "key": ["id"], "format": {"type": "json"}}]',
+            {"K2D_FORMAT__KEY": "json"},
+            r"routes\[0\]\.format\.key",
+            "read the key of a delete",
+        ),
+        (
+            '[{"topic": "a", "uri": "/l/a", "mode": "upsert", "key": ["id"], "format": {"type": "raw", "key": "json"}}]',
+            {},
+            r"routes\[0\]\.format\.type",
+            "not raw",
+        ),
+        (
+            '[{"name": "a", "uri": "/l/a", "format": {"type": "raw"}}]',
+            {"K2D_ROUTING__EXPRESSION": "type"},
+            r"routes\[0\]\.format",
+            r"not with \[routing\] expression",
+        ),
+    ],
+)
+def test_a_routes_format_is_checked_at_start_naming_the_route(
+    routes: str, env: dict[str, str], key: str, problem: str
+) -> None:
+    with pytest.raises(ConfigError, match=rf"{key}.*{problem}"):
+        config(K2D_KAFKA__TOPICS="a", K2D_ROUTES=routes, **env)
+
+
+def test_the_daemons_change_format_keys_are_free_when_only_routes_formats_read_changes() -> None:
+    """[format]'s envelope is checked against the tables that read [format]: a route with its own format is not one."""
+    routes = '[{"topic": "a", "uri": "/l/a", "mode": "upsert", "key": ["id"], "format": {"key": "json"}}]'
+    with pytest.raises(ConfigError, match=r"^format\.envelope: is only used"):
+        config(K2D_KAFKA__TOPICS="a", K2D_ROUTES=routes, K2D_FORMAT__ENVELOPE="debezium")
+    assert Routes(config(K2D_KAFKA__TOPICS="a", K2D_ROUTES=routes)).table_for("a").format.key == "json"
