@@ -147,7 +147,10 @@ def build_pipeline(config: Config, table_schema: pa.Schema, spec: TableSpec | No
     a bad expression or format setting is a ConfigError."""
     registry = open_registry(config)
     fmt, fmt_at = (spec.format, spec.format_key) if spec is not None else (config.format, "format")
-    deserializer: Deserializer = build_deserializer(fmt, registry, config.kafka.topic)
+    try:
+        deserializer: Deserializer = build_deserializer(fmt, registry, config.kafka.topic)
+    except ConfigError as exc:  # it names [format]'s keys: name the route's where the format is its own
+        raise ConfigError(exc.key.replace("format", fmt_at, 1), exc.problem) from exc
     changes = spec.changes if spec is not None else None
     if changes is not None:
         deserializer = ChangeDeserializer(deserializer, build_key_decoder(fmt, registry), changes)
@@ -200,7 +203,7 @@ def _ingest(config: Config, until_caught_up: bool, redact: Callable[[str], str] 
     expressions = [expression for _, expression in config.transforms] + [config.filter.expression]
     expressions.append(config.routing.expression)
     for route in config.routes:
-        expressions += [expression for _, expression in route.transforms] + [route.filter]
+        expressions += [expression for _, expression in route.transforms or ()] + [route.filter or ""]
     with_headers = any("kafka" in expression for expression in expressions)
     source = KafkaSource(config.kafka, partition_eof=until_caught_up, with_headers=with_headers)
     dead_letters = open_dead_letters(config, routes)

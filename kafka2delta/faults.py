@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from urllib.parse import urlparse
+from urllib.parse import unquote, urlparse
 
 logger = logging.getLogger(__name__)
 
@@ -92,10 +92,15 @@ def watching_files(name: str, table_uri: str, next_commit: int) -> Iterator[None
         logger.warning("fault injection: %s watches local tables only, not %s", name, table_uri)
         yield
         return
-    directory = Path(location.path)
-    done, seen = threading.Event(), threading.Event()
+    directory = Path(unquote(location.path))
+    before = _data_files(directory)  # before the call starts: its first file must not pass for an earlier one
+    done = threading.Event()
+    said: list[str] = []
     watcher = threading.Thread(
-        target=_kill_on_new_file, args=(name, directory, next_commit, done, seen), name=f"fault-{name}", daemon=True
+        target=_kill_on_new_file,
+        args=(name, directory, before, next_commit, done, said),
+        name=f"fault-{name}",
+        daemon=True,
     )
     watcher.start()
     try:
@@ -103,37 +108,39 @@ def watching_files(name: str, table_uri: str, next_commit: int) -> Iterator[None
     finally:
         done.set()
         watcher.join()
-    logger.warning(
-        "fault injection: %s %s; armed again",
-        name,
-        f"missed: version {next_commit} was committed before the kill"
-        if seen.is_set()
-        else f"saw no file before version {next_commit} was committed",
-    )
+    if not said:
+        logger.warning("fault injection: %s saw no new data file before the call ended; armed again", name)
 
 
 def _kill_on_new_file(
-    name: str, directory: Path, next_commit: int, done: threading.Event, seen: threading.Event
+    name: str, directory: Path, before: set[str], next_commit: int, done: threading.Event, said: list[str]
 ) -> None:
+    """The watcher of :func:`watching_files`; what it logged goes in ``said``."""
     commit = directory / "_delta_log" / f"{next_commit:020d}.json"
-    before = _data_files(directory)
-    while not done.is_set() and not commit.exists():
-        written = _data_files(directory) - before
-        if not written:
-            time.sleep(0)  # let the call run: it needs the GIL to read its source rows
-            continue
-        # The line comes first (a dead process logs nothing), then the commit is looked for once more: the kill
-        # follows that look by microseconds, while a MERGE commits ~0.5 ms or more after its first file.
-        seen.set()
-        file = directory / sorted(written)[0]
-        logger.critical(
-            "fault injection: SIGKILL at %s (%s written, version %d not committed)", name, file, next_commit
-        )
-        for handler in logging.getLogger().handlers:
-            handler.flush()
-        if not commit.exists():
-            os.kill(os.getpid(), signal.SIGKILL)
-        return
+    try:
+        while not done.is_set() and not commit.exists():
+            written = _data_files(directory) - before
+            if not written:
+                time.sleep(0)  # let the call run: it needs the GIL to read its source rows
+                continue
+            # The line comes first (a dead process logs nothing), then the commit is looked for once more: the kill
+            # follows that look by microseconds, while a MERGE commits ~0.5 ms or more after its first file.
+            file = directory / sorted(written)[0]
+            logger.critical(
+                "fault injection: SIGKILL at %s (%s written, version %d not committed)", name, file, next_commit
+            )
+            for handler in logging.getLogger().handlers:
+                handler.flush()
+            if not commit.exists():
+                os.kill(os.getpid(), signal.SIGKILL)
+            said.append("missed")
+            logger.warning(
+                "fault injection: %s missed: version %d was committed before the kill; armed again", name, next_commit
+            )
+            return
+    except OSError as exc:  # the table's directory could not be listed: nothing to kill on
+        said.append("failed")
+        logger.warning("fault injection: %s stopped watching %s: %s; armed again", name, directory, exc)
 
 
 def _data_files(directory: Path) -> set[str]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from kafka2delta.changes import CHANGELOG_METADATA, ChangeOptions
 from kafka2delta.config import (
@@ -57,18 +57,18 @@ class TableSpec:
     """The dead-letter table of the topics this table takes (a route's own, or the daemon's)."""
     changes: ChangeOptions | None = None
     """Upsert and changelog tables: the mode, key, envelope, delete mode and change columns; None: append."""
-    format: FormatConfig = field(default_factory=FormatConfig)
+    format: FormatConfig
     """How the table's messages are decoded: the route's ``[routes.format]``, or ``[format]``."""
-    format_key: str = "format"
+    format_key: str
     """Where :attr:`format` was configured, for errors (``routes[2].format`` when the route gives one)."""
-    transforms: tuple[tuple[str, str], ...] = ()
+    transforms: tuple[tuple[str, str], ...]
     """The route's transforms, or ``[transforms]``."""
-    filter: str = ""
+    filter: str
     """The route's filter expression, or ``filter.expression``."""
-    transforms_key: str = "transforms"
+    transforms_key: str
     """Where :attr:`transforms` and :attr:`filter` were configured, for errors and dead letters
     (``routes[2].transforms`` and ``routes[2].filter`` when the route gives them)."""
-    filter_key: str = FILTER_KEY
+    filter_key: str
 
     @property
     def settings(self) -> tuple[object, ...]:
@@ -190,6 +190,7 @@ class Routes:
         metadata = config.metadata_columns or table.metadata_columns
         columns = dict(config.schema or table.schema)
         changes = self._changes(config)
+        transforms, filter_expression = config.stages(self._config.transforms, self._config.filter.expression)
         if changes is not None and not changes.upsert:  # a changelog row says where its change came from
             metadata = tuple(dict.fromkeys((*metadata, *CHANGELOG_METADATA)))
         if columns:
@@ -214,10 +215,10 @@ class Routes:
             changes=changes,
             format=config.format or self._config.format,
             format_key=f"{route.key}.format" if config.format else "format",
-            transforms=config.transforms or self._config.transforms,
-            filter=config.filter or self._config.filter.expression,
-            transforms_key=f"{route.key}.transforms" if config.transforms else "transforms",
-            filter_key=f"{route.key}.filter" if config.filter else FILTER_KEY,
+            transforms=transforms,
+            filter=filter_expression,
+            transforms_key=f"{route.key}.transforms" if config.transforms is not None else "transforms",
+            filter_key=f"{route.key}.filter" if config.filter is not None else FILTER_KEY,
         )
         self._check_reach(spec, topic)
         return spec
@@ -297,8 +298,7 @@ class Routes:
             config.delete_mode or table.delete_mode,
             config.change_columns or table.change_columns,
             config.format or self._config.format,
-            config.transforms or self._config.transforms,
-            config.filter or self._config.filter.expression,
+            *config.stages(self._config.transforms, self._config.filter.expression),
         )
 
     def _check_app_ids(self) -> None:

@@ -140,7 +140,12 @@ class ChangeDeserializer:
                 if member is None and column in self._table_schema.names:
                     member = self._table_schema.field(column)
                     found[column] = fit_to_column(found[column], member.type, column, self._options.decimal_handling)
-                added.append(member if member is not None else pa.field(column, pa.scalar(found[column]).type))
+                if member is None:
+                    try:
+                        member = pa.field(column, pa.scalar(found[column]).type)
+                    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
+                        raise decode_error(f"the Kafka key's {column!r} has no Arrow type: {exc}") from exc
+                added.append(member)
             fields = (*added, *fields)
         return dataclasses.replace(change, row={**change.row, **found}, fields=fields)
 

@@ -68,6 +68,7 @@ _TRANSFORMS = "transforms"
 # An array of tables ([[routes]] in TOML; K2D_ROUTES: a JSON array of objects).
 _ROUTES = "routes"
 _FORMAT = "format"
+_FILTER = "filter"
 _TYPE_HINTS = {name: typing.get_type_hints(cls) for name, cls in [*SECTIONS.items(), (_ROUTES, RouteConfig)]}
 
 
@@ -207,11 +208,19 @@ def _build_routes(values: Any, sources: dict[str, str], from_files: set[ConfigPa
             raise ConfigError(f"{where}[{index}]", "expected a table")
         section = f"{_ROUTES}[{index}]"
         read_key_files(section, RouteConfig, route, sources, from_files)
-        keys = {key: value for key, value in route.items() if key not in (_TRANSFORMS, _FORMAT)}  # tables of their own
+        # Read apart: tables of their own, and a filter whose absence (the daemon's) differs from "" (none).
+        keys = {key: value for key, value in route.items() if key not in (_TRANSFORMS, _FORMAT, _FILTER)}
         built = _build_section(section, RouteConfig, keys, sources, from_files, _TYPE_HINTS[_ROUTES])
         if _TRANSFORMS in route:
             transforms = _build_transforms(route[_TRANSFORMS], f"{section}.{_TRANSFORMS}")
             built = dataclasses.replace(built, transforms=transforms)
+        if _FILTER in route:
+            expression = route[_FILTER]
+            if not isinstance(expression, str):
+                raise ConfigError(
+                    f"{section}.{_FILTER}", f'expected a JMESPath expression string ("": none), got {expression!r}'
+                )
+            built = dataclasses.replace(built, filter=expression)
         if _FORMAT in route:
             own = f"{section}.{_FORMAT}"
             if not isinstance(route[_FORMAT], dict):

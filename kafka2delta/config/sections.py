@@ -243,15 +243,26 @@ class RouteConfig:
     dead_letter_table_uri: str = ""
     """This route's own dead-letter table (empty: the daemon's, ``dead_letters.table_uri``). Routes writing one
     table, and with ``[routing] expression`` all routes, must share one."""
-    transforms: tuple[tuple[str, str], ...] = ()
+    transforms: tuple[tuple[str, str], ...] | None = None
     """This route's ``target = "JMESPath expression"`` pairs (``[routes.transforms]`` after its ``[[routes]]``), in
-    place of ``[transforms]`` (empty: those). Routing by topic only: with ``[routing] expression`` a message is
-    transformed before its route is known."""
-    filter: str = ""
-    """This route's filter expression, in place of ``filter.expression`` (empty: that one). Routing by topic only."""
+    place of ``[transforms]``; an empty table: none; None (not given): ``[transforms]``. Routing by topic only:
+    with ``[routing] expression`` a message is transformed before its route is known."""
+    filter: str | None = None
+    """This route's filter expression, in place of ``filter.expression``; ``""``: none; None (not given): that
+    one. Routing by topic only."""
     format: FormatConfig | None = None
     """This route's ``[routes.format]``, in place of ``[format]``: the whole of it, a key it leaves out takes its
     default, not ``[format]``'s (None: ``[format]``). The schema registry is the daemon's. Routing by topic only."""
+
+    def stages(
+        self, transforms: tuple[tuple[str, str], ...], filter_expression: str
+    ) -> tuple[tuple[tuple[str, str], ...], str]:
+        """This route's transforms and filter: its own where it gives them (empty ones too), else the daemon's
+        (``transforms``, ``filter_expression``)."""
+        return (
+            self.transforms if self.transforms is not None else transforms,
+            self.filter if self.filter is not None else filter_expression,
+        )
 
     def takes(self, topic: str) -> bool:
         """Whether this route takes ``topic`` when routing by topic (neither ``topic`` nor ``topic_pattern``: every
@@ -626,8 +637,8 @@ class Config:
             *(
                 f"route {route.name or index}: {_route_match(route)} → {without_credentials(route.uri or table.uri)}"
                 + (f", format {_format_line(route.format)}" if route.format else "")
-                + (f", {len(route.transforms)} transforms of its own" if route.transforms else "")
-                + (f", filter {route.filter}" if route.filter else "")
+                + (f", {len(route.transforms)} transforms of its own" if route.transforms is not None else "")
+                + (f", its own filter {route.filter.strip() or 'none'}" if route.filter is not None else "")
                 for index, route in enumerate(self.routes)
             ),
             *([f"routing: per message by {self.routing.expression!r}"] if self.routing.expression else []),

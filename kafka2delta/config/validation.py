@@ -172,11 +172,10 @@ def _validate_format(config: Config) -> None:
     for prefix, fmt in formats:
         _validate_one_format(prefix, fmt, registry)
     if registry.type == "glue" and not any(fmt.type != "raw" or fmt.key in ("avro", "protobuf") for _, fmt in formats):
-        key = formats[-1][1].key
         raise ConfigError(
             "schema_registry.type",
             "'glue' decodes avro, protobuf and json values and avro and protobuf keys: raw values with "
-            f"format.key = {key!r} use none",
+            f"{' and '.join(f'{prefix}.key = {fmt.key!r}' for prefix, fmt in formats)} use none",
         )
     if registry.password and not registry.username:
         raise ConfigError("schema_registry.username", "is required when schema_registry.password is set")
@@ -276,8 +275,9 @@ def _validate_changes(config: Config) -> None:
             raise ConfigError(
                 schema_at, f"{required} are not null, but a delete carries only the key: make them nullable"
             )
-        transforms_at = f"{prefix}.transforms" if route.transforms else "transforms"
-        retargeted = [target for target, _ in route.transforms or config.transforms if target.split(".")[0] in key]
+        transforms_at = f"{prefix}.transforms" if route.transforms is not None else "transforms"
+        transforms, _ = route.stages(config.transforms, config.filter.expression)
+        retargeted = [target for target, _ in transforms if target.split(".")[0] in key]
         if retargeted and mode == "upsert":  # a changelog's deletes are rows, transformed like the others
             # A delete skips the transforms (it has only the key): a transformed key would never be deleted.
             raise ConfigError(transforms_at, f"{retargeted} write key column(s) of {key_at}; a delete could not match")
@@ -560,15 +560,17 @@ def _validate_routes(config: Config) -> None:
             names.add(route.name)
         elif expression:
             raise ConfigError(f"{key}.name", "required with [routing] expression (its value names the route)")
-        if route.transforms or route.filter or route.format:
+        if route.transforms is not None or route.filter is not None or route.format:
             if expression:
-                own = "transforms" if route.transforms else "filter" if route.filter else "format"
+                own = (
+                    "transforms" if route.transforms is not None else "filter" if route.filter is not None else "format"
+                )
                 raise ConfigError(
                     f"{key}.{own}",
                     "not with [routing] expression: a message is decoded and transformed before its route is known; "
                     "give every route's in [format], [transforms] and [filter]",
                 )
-            Transformer(route.transforms, route.filter, key=f"{key}.transforms", filter_key=f"{key}.filter")
+            Transformer(route.transforms or (), route.filter or "", key=f"{key}.transforms", filter_key=f"{key}.filter")
 
 
 def _check_uri_template(key: str, uri: str) -> None:

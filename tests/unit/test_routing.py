@@ -319,7 +319,9 @@ uri = "/lake/refunds"
     for spec in (refunds, orders):
         assert (spec.transforms, spec.filter) == ((("id", "order_id"),), "amount > `0`")
         assert (spec.transforms_key, spec.filter_key) == ("transforms", "filter.expression")
-    assert any("route 0: topic clicks → /lake/clicks, 2 transforms of its own, filter" in s for s in loaded.summary())
+    assert any(
+        "route 0: topic clicks → /lake/clicks, 2 transforms of its own, its own filter" in s for s in loaded.summary()
+    )
 
 
 @pytest.mark.parametrize(
@@ -478,3 +480,21 @@ def test_the_daemons_change_format_keys_are_free_when_only_routes_formats_read_c
     with pytest.raises(ConfigError, match=r"^format\.envelope: is only used"):
         config(K2D_KAFKA__TOPICS="a", K2D_ROUTES=routes, K2D_FORMAT__ENVELOPE="debezium")
     assert Routes(config(K2D_KAFKA__TOPICS="a", K2D_ROUTES=routes)).table_for("a").format.key == "json"
+
+
+def test_a_route_opts_out_of_the_daemons_transforms_and_filter_with_empty_ones() -> None:
+    routes = '[{"topic": "a", "uri": "/l/a", "transforms": {}, "filter": ""}, {"topic": "b", "uri": "/l/b"}]'
+    loaded = config(
+        K2D_KAFKA__TOPICS="a,b", K2D_ROUTES=routes, K2D_TRANSFORMS='{"id": "x.id"}', K2D_FILTER__EXPRESSION="ok"
+    )
+    none, daemons = Routes(loaded).table_for("a"), Routes(loaded).table_for("b")
+    assert (none.transforms, none.filter, none.transforms_key, none.filter_key) == (
+        (),
+        "",
+        "routes[0].transforms",
+        "routes[0].filter",
+    )
+    assert (daemons.transforms, daemons.filter) == ((("id", "x.id"),), "ok")
+    assert any("0 transforms of its own, its own filter none" in line for line in loaded.summary())
+    with pytest.raises(ConfigError, match=r"routes\[0\]\.filter: expected a JMESPath expression string"):
+        config(K2D_KAFKA__TOPICS="a", K2D_ROUTES='[{"topic": "a", "uri": "/l/a", "filter": 3}]')

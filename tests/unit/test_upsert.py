@@ -642,3 +642,18 @@ def test_upsert_commits_take_the_coordinators_ingest_turn(tmp_path: Path) -> Non
     with Coordinator(FileBackend(str(locks), "cdc"), "cdc") as coordinator:
         last = coordinator.last()
     assert last is not None and last.job == "ingest" and last.sequence == 2
+
+
+def test_a_key_column_from_the_kafka_key_types_a_new_table_or_is_a_dead_letter(tmp_path: Path) -> None:
+    """A typed row (here by its Connect schema) without its key column, for a table created from its first rows:
+    the column is typed by the key's value; a value Arrow cannot type is a dead letter, not a stop."""
+    cfg = config(tmp_path, K2D_TABLE__SCHEMA_EVOLUTION="merge")
+    typed = {"schema": {"type": "struct", "fields": [{"field": "name", "type": "string", "optional": True}]}}
+    value = json.dumps({**typed, "payload": {"name": "typed"}}).encode()
+    batch = change_batch(P0, 0, [(b'{"id": 1180591620717411303424}', value), (b'{"id": 7}', value)])
+    ingest_until_caught_up(cfg, TopicsSource([batch], {P0: 2}))
+    assert rows(tmp_path) == [{"id": 7, "name": "typed"}]
+    assert DeltaTable(str(tmp_path / "table")).schema().to_arrow().field("id").type == pa.int64()
+    (letter,) = DeltaTable(str(tmp_path / "dlq")).to_pyarrow_table().to_pylist()
+    assert (letter["offset"], letter["stage"]) == (0, "deserialize")
+    assert "the Kafka key's 'id' has no Arrow type" in letter["error"], letter["error"]

@@ -132,7 +132,20 @@ app.kubernetes.io/part-of: kafka2delta
 {{- $_ := set $data "K2D_TRANSFORMS" (printf "{%s}" (join ", " $pairs)) }}
 {{- end }}
 {{- if .Values.routes }}
-{{- $_ := set $data "K2D_ROUTES" (toJson .Values.routes) }}
+{{- /* Each route as JSON, its `transforms:` list made an object in the list's order (toJson sorts a map's keys). */}}
+{{- $routes := list }}
+{{- range $route := .Values.routes }}
+{{- $json := toJson (omit $route "transforms") }}
+{{- if hasKey $route "transforms" }}
+{{- $pairs := list }}
+{{- range $route.transforms }}
+{{- $pairs = append $pairs (printf "%s: %s" (toJson (required "routes[].transforms[].target" .target)) (toJson (required "routes[].transforms[].expression" .expression))) }}
+{{- end }}
+{{- $json = printf "%s%s\"transforms\": {%s}}" (trimSuffix "}" $json) (ternary "" ", " (eq $json "{}")) (join ", " $pairs) }}
+{{- end }}
+{{- $routes = append $routes $json }}
+{{- end }}
+{{- $_ := set $data "K2D_ROUTES" (printf "[%s]" (join ", " $routes)) }}
 {{- end }}
 {{- $_ := set $data "K2D_METRICS__HOST" "0.0.0.0" }}
 {{- $_ := set $data "K2D_METRICS__PORT" (include "kafka2delta.envValue" .Values.metrics.port) }}
