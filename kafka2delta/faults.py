@@ -93,7 +93,12 @@ def watching_files(name: str, table_uri: str, next_commit: int) -> Iterator[None
         yield
         return
     directory = Path(unquote(location.path))
-    before = _data_files(directory)  # before the call starts: its first file must not pass for an earlier one
+    try:
+        before = _data_files(directory)  # before the call starts: its first file must not pass for an earlier one
+    except OSError as exc:
+        logger.warning("fault injection: %s cannot list %s: %s; armed again", name, directory, exc)
+        yield
+        return
     done = threading.Event()
     said: list[str] = []
     watcher = threading.Thread(
@@ -118,9 +123,11 @@ def _kill_on_new_file(
     """The watcher of :func:`watching_files`; what it logged goes in ``said``."""
     commit = directory / "_delta_log" / f"{next_commit:020d}.json"
     try:
-        while not done.is_set() and not commit.exists():
+        while not done.is_set():
             written = _data_files(directory) - before
             if not written:
+                if commit.exists():
+                    return  # committed with no file seen: "saw no new data file"
                 time.sleep(0)  # let the call run: it needs the GIL to read its source rows
                 continue
             # The line comes first (a dead process logs nothing), then the commit is looked for once more: the kill

@@ -141,10 +141,7 @@ class ChangeDeserializer:
                     member = self._table_schema.field(column)
                     found[column] = fit_to_column(found[column], member.type, column, self._options.decimal_handling)
                 if member is None:
-                    try:
-                        member = pa.field(column, pa.scalar(found[column]).type)
-                    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
-                        raise decode_error(f"the Kafka key's {column!r} has no Arrow type: {exc}") from exc
+                    member = pa.field(column, _key_type(column, found[column]))
                 added.append(member)
             fields = (*added, *fields)
         return dataclasses.replace(change, row={**change.row, **found}, fields=fields)
@@ -234,6 +231,30 @@ class ChangeDeserializer:
             image = [member for member in row if member.name not in self._extra]
             fields.append(pa.field(BEFORE_COLUMN, pa.struct(image)))
         return fields
+
+
+def _key_type(column: str, value: Any) -> pa.DataType:
+    """The Arrow type of a key column taken from a schemaless Kafka key, for a table made from its first rows; a
+    dead letter when Arrow or Parquet has none for it (a number too large, mixed lists, an empty object)."""
+    try:
+        data_type = pa.scalar(value).type
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
+        raise decode_error(f"the Kafka key's {column!r} has no Arrow type: {exc}") from exc
+    if not _writable(data_type):
+        raise decode_error(f"the Kafka key's {column!r} ({value!r}) has no type Parquet can write ({data_type})")
+    return data_type
+
+
+def _writable(data_type: pa.DataType) -> bool:
+    """Whether Parquet can hold a column of ``data_type``: no null type and no struct without members, however
+    nested."""
+    if pa.types.is_null(data_type):
+        return False
+    if pa.types.is_struct(data_type):
+        return data_type.num_fields > 0 and all(_writable(member.type) for member in data_type)
+    if pa.types.is_list(data_type) or pa.types.is_large_list(data_type):
+        return _writable(data_type.value_type)
+    return True
 
 
 def _row_types(upserts: dict[int, Change]) -> list[tuple[tuple[pa.Field, ...], list[int]]]:

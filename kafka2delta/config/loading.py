@@ -220,7 +220,7 @@ def _build_routes(values: Any, sources: dict[str, str], from_files: set[ConfigPa
                 raise ConfigError(
                     f"{section}.{_FILTER}", f'expected a JMESPath expression string ("": none), got {expression!r}'
                 )
-            built = dataclasses.replace(built, filter=expression)
+            built = dataclasses.replace(built, filter=expression.strip())  # "  " is none, as ""
         if _FORMAT in route:
             own = f"{section}.{_FORMAT}"
             if not isinstance(route[_FORMAT], dict):

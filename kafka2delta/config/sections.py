@@ -637,8 +637,8 @@ class Config:
             *(
                 f"route {route.name or index}: {_route_match(route)} → {without_credentials(route.uri or table.uri)}"
                 + (f", format {_format_line(route.format)}" if route.format else "")
-                + (f", {len(route.transforms)} transforms of its own" if route.transforms is not None else "")
-                + (f", its own filter {route.filter.strip() or 'none'}" if route.filter is not None else "")
+                + (f", its own transforms: {len(route.transforms) or 'none'}" if route.transforms is not None else "")
+                + (f", its own filter: {route.filter or 'none'}" if route.filter is not None else "")
                 for index, route in enumerate(self.routes)
             ),
             *([f"routing: per message by {self.routing.expression!r}"] if self.routing.expression else []),

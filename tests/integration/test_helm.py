@@ -232,6 +232,14 @@ def test_values_schema_and_template_guards(run_helm: Callable[..., subprocess.Co
         "config.transforms.day=x": "transforms",
         "config.ingset.allowed_latency_s=1": "ingset",
         "secret.existingSecret=creds,secret.kafkaSaslPassword=x": "existingSecret",
+        # A target given twice would be one JSON key: one transform silently lost.
+        "transforms[0].target=a,transforms[0].expression=x,transforms[1].target=a,transforms[1].expression=y": (
+            'transforms: target "a" is given twice'
+        ),
+        "routes[0].uri=s3://l/r,routes[0].transforms[0].target=a,routes[0].transforms[0].expression=x,"
+        "routes[0].transforms[1].target=a,routes[0].transforms[1].expression=y": (
+            'routes[].transforms: target "a" is given twice'
+        ),
     }
     for setting, message in cases.items():
         result = run_helm("template", "k2d", str(CHART), "--set", setting)
@@ -446,6 +454,9 @@ def test_apply_changes_guards(run_helm: Callable[..., subprocess.CompletedProces
         f"{table}.deleteMode=purge": "value must be one of",
         f"{table}.target=s3://lake/bronze/orders/": "a table the daemon writes",
         f"{table}.target=s3://lake/bronze/orders_dead_letters": "a table the daemon writes",
+        f"routes[0].uri=s3://lake/r,routes[0].dead_letter_table_uri=s3://lake/r_dlq,{table}.target=s3://lake/r_dlq": (
+            "a table the daemon writes"
+        ),
         f"{table}.target=s3://lake/silver/customers": "already another table's target",
         f"{table}.target=s3://lake/bronze/cdc_products": "source and target are the same table",
         "maintenance.jobs.applyChanges.tables=null": "enabled without tables",
@@ -620,8 +631,9 @@ def test_environment_is_a_valid_daemon_config(
     if case == "deployment":
         assert config.kafka.settings["sasl.password"] == "sasl-password"
         assert config.kafka.topics == ("orders", "payments") and not config.kafka.topic
-        (payments,) = config.routes
+        payments, orders = config.routes
         assert payments.transforms == (("tenant", "'acme'"), ("amount_cents", "amount"))  # the list's order
+        assert (orders.transforms, orders.filter) == ((), None)  # transforms: [] is none; no filter: the daemon's
         assert payments.format is not None and (payments.format.type, payments.format.key) == ("json", "string")
         assert (payments.filter, config.routes[0].uri) == ("amount > `0`", "s3://lake/silver/payments")
     if case == "full":

@@ -223,8 +223,8 @@ class KilledDaemon:
         return fired
 
     def files_left_inside_merges(self) -> list[Path]:
-        """The data files the ``inside_merge`` kills found written (the logs name each), whose MERGE never
-        committed."""
+        """The data files the ``inside_merge`` kills found written (the logs name each): their MERGE's commit was
+        not made when the kill was sent (the caller checks the log too: a descheduled watcher can kill late)."""
         return [Path(line.split("(")[1].split(" written")[0]) for line in self._kill_lines() if "inside_merge" in line]
 
     def _kill_lines(self) -> list[str]:

@@ -650,10 +650,17 @@ def test_a_key_column_from_the_kafka_key_types_a_new_table_or_is_a_dead_letter(t
     cfg = config(tmp_path, K2D_TABLE__SCHEMA_EVOLUTION="merge")
     typed = {"schema": {"type": "struct", "fields": [{"field": "name", "type": "string", "optional": True}]}}
     value = json.dumps({**typed, "payload": {"name": "typed"}}).encode()
-    batch = change_batch(P0, 0, [(b'{"id": 1180591620717411303424}', value), (b'{"id": 7}', value)])
-    ingest_until_caught_up(cfg, TopicsSource([batch], {P0: 2}))
+    keys = [b'{"id": 1180591620717411303424}', b'{"id": {}}', b'{"id": [null]}', b'{"id": 7}']
+    batch = change_batch(P0, 0, [(key, value) for key in keys])
+    ingest_until_caught_up(cfg, TopicsSource([batch], {P0: 4}))
     assert rows(tmp_path) == [{"id": 7, "name": "typed"}]
     assert DeltaTable(str(tmp_path / "table")).schema().to_arrow().field("id").type == pa.int64()
-    (letter,) = DeltaTable(str(tmp_path / "dlq")).to_pyarrow_table().to_pylist()
-    assert (letter["offset"], letter["stage"]) == (0, "deserialize")
-    assert "the Kafka key's 'id' has no Arrow type" in letter["error"], letter["error"]
+    letters = DeltaTable(str(tmp_path / "dlq")).to_pyarrow_table().sort_by("offset").to_pylist()
+    assert [(letter["offset"], letter["stage"]) for letter in letters] == [
+        (0, "deserialize"),
+        (1, "deserialize"),
+        (2, "deserialize"),
+    ]
+    assert "the Kafka key's 'id' has no Arrow type" in letters[0]["error"], letters[0]["error"]
+    for letter in letters[1:]:
+        assert "has no type Parquet can write" in letter["error"], letter["error"]

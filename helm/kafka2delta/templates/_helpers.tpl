@@ -126,8 +126,12 @@ app.kubernetes.io/part-of: kafka2delta
 {{- end }}
 {{- if .Values.transforms }}
 {{- $pairs := list }}
+{{- $seen := list }}
 {{- range .Values.transforms }}
-{{- $pairs = append $pairs (printf "%s: %s" (toJson (required "transforms[].target" .target)) (toJson (required "transforms[].expression" .expression))) }}
+{{- $target := required "transforms[].target" .target }}
+{{- if has $target $seen }}{{ fail (printf "transforms: target %q is given twice" $target) }}{{ end }}
+{{- $seen = append $seen $target }}
+{{- $pairs = append $pairs (printf "%s: %s" (toJson $target) (toJson (required "transforms[].expression" .expression))) }}
 {{- end }}
 {{- $_ := set $data "K2D_TRANSFORMS" (printf "{%s}" (join ", " $pairs)) }}
 {{- end }}
@@ -138,8 +142,12 @@ app.kubernetes.io/part-of: kafka2delta
 {{- $json := toJson (omit $route "transforms") }}
 {{- if hasKey $route "transforms" }}
 {{- $pairs := list }}
+{{- $seen := list }}
 {{- range $route.transforms }}
-{{- $pairs = append $pairs (printf "%s: %s" (toJson (required "routes[].transforms[].target" .target)) (toJson (required "routes[].transforms[].expression" .expression))) }}
+{{- $target := required "routes[].transforms[].target" .target }}
+{{- if has $target $seen }}{{ fail (printf "routes[].transforms: target %q is given twice" $target) }}{{ end }}
+{{- $seen = append $seen $target }}
+{{- $pairs = append $pairs (printf "%s: %s" (toJson $target) (toJson (required "routes[].transforms[].expression" .expression))) }}
 {{- end }}
 {{- $json = printf "%s%s\"transforms\": {%s}}" (trimSuffix "}" $json) (ternary "" ", " (eq $json "{}")) (join ", " $pairs) }}
 {{- end }}
