@@ -82,6 +82,19 @@ def _verified(code: int, report: dict[str, Any] | str, topics: set[str]) -> dict
     return by_topic
 
 
+def _config_with(tmp_path: Path, bootstrap: str, topics: list[Topic], more: list[str]) -> Path:
+    """A config of ``topics``, each into ``<tmp_path>/lake/{topic}`` unless ``more`` (TOML lines) says otherwise."""
+    config = write_config(
+        tmp_path / "config.toml",
+        bootstrap,
+        {"topics": [t.name for t in topics]},
+        {"uri": f"{tmp_path / 'lake'}/{{topic}}"},
+        ingest={"max_messages_per_file": 20},
+    )
+    config.write_text(config.read_text() + "\n".join(more) + "\n")
+    return config
+
+
 def test_three_topics_each_into_its_own_table(
     tmp_path: Path, kafka_bootstrap: str, topic_factory: Callable[[int], Topic], daemon_factory: Callable[..., Daemon]
 ) -> None:
@@ -267,24 +280,17 @@ def test_each_route_transforms_and_filters_its_topic_its_own_way(
 ) -> None:
     clicks, orders = topic_factory(2), topic_factory(2)
     lake = tmp_path / "lake"
-    config = write_config(
-        tmp_path / "config.toml",
-        kafka_bootstrap,
-        {"topics": [clicks.name, orders.name]},
-        {"uri": f"{lake}/{{topic}}"},
-        ingest={"max_messages_per_file": 20},
-    )
     # [transforms] for every topic no route transforms; the clicks route has its own, and its own filter.
-    config.write_text(
-        config.read_text()
-        + "\n".join(
-            [
-                *toml_section("transforms", {"type": "'every topic'"}),
-                *toml_section("routes", {"topic": clicks.name, "uri": f"{lake}/clicks", "filter": "seq >= `30`"}),
-                *toml_section("routes.transforms", {"type": "'clicks route'", "user.country": "'DE'"}),
-            ]
-        ).replace("[routes]", "[[routes]]", 1)
-        + "\n"
+    config = _config_with(
+        tmp_path,
+        kafka_bootstrap,
+        [clicks, orders],
+        [
+            *toml_section("transforms", {"type": "'every topic'"}),
+            "[[routes]]",
+            *toml_section("routes", {"topic": clicks.name, "uri": f"{lake}/clicks", "filter": "seq >= `30`"})[1:],
+            *toml_section("routes.transforms", {"type": "'clicks route'", "user.country": "'DE'"}),
+        ],
     )
     produced = {t.name: t.produce(PER_PARTITION) for t in (clicks, orders)}
     # The route's filter cannot order a string against a number: a dead letter naming the route's key.
@@ -319,25 +325,17 @@ def test_a_route_reads_its_topic_in_a_format_of_its_own(
 ) -> None:
     events, logs = topic_factory(2), topic_factory(2)
     lake = tmp_path / "lake"
-    config = write_config(
-        tmp_path / "config.toml",
-        kafka_bootstrap,
-        {"topics": [events.name, logs.name]},
-        {"uri": f"{lake}/{{topic}}"},
-        ingest={"max_messages_per_file": 20},
-    )
     # [format] is JSON (the default) for the events; the logs route reads its topic's lines as raw text, gzip'd.
-    config.write_text(
-        config.read_text()
-        + "\n".join(
-            [
-                "[[routes]]",
-                *toml_section("routes", {"topic": logs.name, "uri": f"{lake}/logs"})[1:],
-                'schema = { line = "string" }',  # and [table]'s metadata columns
-                *toml_section("routes.format", {"type": "raw", "raw_column": "line", "gzip": True}),
-            ]
-        )
-        + "\n"
+    config = _config_with(
+        tmp_path,
+        kafka_bootstrap,
+        [events, logs],
+        [
+            "[[routes]]",
+            *toml_section("routes", {"topic": logs.name, "uri": f"{lake}/logs"})[1:],
+            'schema = { line = "string" }',  # and [table]'s metadata columns
+            *toml_section("routes.format", {"type": "raw", "raw_column": "line", "gzip": True}),
+        ],
     )
     produced = events.produce(PER_PARTITION)
     lines = [f"GET /item/{p}-{n} 200 ✓" for n in range(PER_PARTITION) for p in range(2)]
