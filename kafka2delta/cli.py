@@ -163,8 +163,9 @@ def build_pipeline(config: Config, table_schema: pa.Schema, spec: TableSpec | No
             spec.transforms + metadata, spec.filter, key=spec.transforms_key, filter_key=spec.filter_key
         )
     # kafka.timestamp is epoch milliseconds whatever unit the message's own epochs use.
-    epoch_units = {**config.coercions.epoch_units, **({"kafka_timestamp": "ms"} if metadata else {})}
-    options = CoercionOptions(config.coercions.epoch_unit, epoch_units)
+    coercions = spec.coercions if spec is not None else config.coercions
+    epoch_units = {**coercions.epoch_units, **({"kafka_timestamp": "ms"} if metadata else {})}
+    options = CoercionOptions(coercions.epoch_unit, epoch_units)
     if fmt.type == "raw" and fmt.raw_column not in table_schema.names and table_schema.names:
         raise ConfigError(f"{fmt_at}.raw_column", f"column {fmt.raw_column!r} is not in the table")
     evolution = spec.schema_evolution if spec is not None else config.table.schema_evolution

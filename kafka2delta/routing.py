@@ -25,6 +25,7 @@ from kafka2delta.changes import CHANGELOG_METADATA, ChangeOptions
 from kafka2delta.config import (
     METADATA_COLUMNS,
     TOPIC_PLACEHOLDER,
+    CoercionConfig,
     Config,
     FormatConfig,
     RouteConfig,
@@ -61,6 +62,8 @@ class TableSpec:
     """How the table's messages are decoded: the route's ``[routes.format]``, or ``[format]``."""
     format_key: str
     """Where :attr:`format` was configured, for errors (``routes[2].format`` when the route gives one)."""
+    coercions: CoercionConfig
+    """How values are fitted to the table's types: the route's ``[routes.coercions]``, or ``[coercions]``."""
     transforms: tuple[tuple[str, str], ...]
     """The route's transforms, or ``[transforms]``."""
     filter: str
@@ -75,7 +78,7 @@ class TableSpec:
         """How the table is made and written, beyond where it is and how it names its txns."""
         columns = tuple(sorted(self.columns.items()))
         made = (columns, self.partition_by, self.schema_evolution, self.metadata_columns, self.changes)
-        return (*made, self.format, self.transforms, self.filter)
+        return (*made, self.format, self.coercions, self.transforms, self.filter)
 
 
 @dataclass(frozen=True)
@@ -215,6 +218,7 @@ class Routes:
             changes=changes,
             format=config.format or self._config.format,
             format_key=f"{route.key}.format" if config.format else "format",
+            coercions=config.coercions or self._config.coercions,
             transforms=transforms,
             filter=filter_expression,
             transforms_key=f"{route.key}.transforms" if config.transforms is not None else "transforms",
@@ -248,7 +252,7 @@ class Routes:
         elif spec.settings != first.settings:
             differs = (
                 "other table settings (schema, partition_by, schema_evolution, metadata_columns, mode, format, "
-                "transforms or filter)"
+                "coercions, transforms or filter)"
             )
         elif table_key(spec.dead_letter_uri) != table_key(first.dead_letter_uri):
             differs = f"another dead-letter table ({without_credentials(spec.dead_letter_uri)})"
@@ -298,6 +302,7 @@ class Routes:
             config.delete_mode or table.delete_mode,
             config.change_columns or table.change_columns,
             config.format or self._config.format,
+            config.coercions or self._config.coercions,
             *config.stages(self._config.transforms, self._config.filter.expression),
         )
 
@@ -330,7 +335,8 @@ class Routes:
                     route.key,
                     f"writes the same table {uri} as {earlier_how[0]} with other table settings (schema, "
                     "partition_by, schema_evolution, metadata_columns, mode, key, delete_mode, change_columns, "
-                    "format, transforms or filter): give both routes the same ones (one table has one pipeline)",
+                    "format, coercions, transforms or filter): give both routes the same ones (one table has one "
+                    "pipeline)",
                 )
         seen: dict[str, tuple[str, str]] = {}
         for route in self._routes:

@@ -69,6 +69,7 @@ _TRANSFORMS = "transforms"
 _ROUTES = "routes"
 _FORMAT = "format"
 _FILTER = "filter"
+_COERCIONS = "coercions"
 _TYPE_HINTS = {name: typing.get_type_hints(cls) for name, cls in [*SECTIONS.items(), (_ROUTES, RouteConfig)]}
 
 
@@ -209,7 +210,7 @@ def _build_routes(values: Any, sources: dict[str, str], from_files: set[ConfigPa
         section = f"{_ROUTES}[{index}]"
         read_key_files(section, RouteConfig, route, sources, from_files)
         # Read apart: tables of their own, and a filter whose absence (the daemon's) differs from "" (none).
-        keys = {key: value for key, value in route.items() if key not in (_TRANSFORMS, _FORMAT, _FILTER)}
+        keys = {key: value for key, value in route.items() if key not in (_TRANSFORMS, _FORMAT, _COERCIONS, _FILTER)}
         built = _build_section(section, RouteConfig, keys, sources, from_files, _TYPE_HINTS[_ROUTES])
         if _TRANSFORMS in route:
             transforms = _build_transforms(route[_TRANSFORMS], f"{section}.{_TRANSFORMS}")
@@ -221,12 +222,14 @@ def _build_routes(values: Any, sources: dict[str, str], from_files: set[ConfigPa
                     f"{section}.{_FILTER}", f'expected a JMESPath expression string ("": none), got {expression!r}'
                 )
             built = dataclasses.replace(built, filter=expression.strip())  # "  " is none, as ""
-        if _FORMAT in route:
-            own = f"{section}.{_FORMAT}"
-            if not isinstance(route[_FORMAT], dict):
-                raise ConfigError(own, "expected a table ([routes.format] after its [[routes]] in TOML)")
-            fmt = _build_section(own, FormatConfig, route[_FORMAT], sources, from_files, _TYPE_HINTS[_FORMAT])
-            built = dataclasses.replace(built, format=fmt)
+        for name in (_FORMAT, _COERCIONS):
+            if name not in route:
+                continue
+            own = f"{section}.{name}"
+            if not isinstance(route[name], dict):
+                raise ConfigError(own, f"expected a table ([routes.{name}] after its [[routes]] in TOML)")
+            whole = _build_section(own, SECTIONS[name], route[name], sources, from_files, _TYPE_HINTS[name])
+            built = dataclasses.replace(built, **{name: whole})
         routes.append(built)
     return tuple(routes)
 

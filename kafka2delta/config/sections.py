@@ -253,6 +253,9 @@ class RouteConfig:
     format: FormatConfig | None = None
     """This route's ``[routes.format]``, in place of ``[format]``: the whole of it, a key it leaves out takes its
     default, not ``[format]``'s (None: ``[format]``). The schema registry is the daemon's. Routing by topic only."""
+    coercions: CoercionConfig | None = None
+    """This route's ``[routes.coercions]``, in place of ``[coercions]``, whole as a format is (None: ``[coercions]``).
+    Routing by topic only."""
 
     def stages(
         self, transforms: tuple[tuple[str, str], ...], filter_expression: str
@@ -637,6 +640,7 @@ class Config:
             *(
                 f"route {route.name or index}: {_route_match(route)} → {without_credentials(route.uri or table.uri)}"
                 + (f", format {_format_line(route.format)}" if route.format else "")
+                + (f", epoch unit {route.coercions.epoch_unit}" if route.coercions else "")
                 + (f", its own transforms: {len(route.transforms) or 'none'}" if route.transforms is not None else "")
                 + (f", its own filter: {route.filter or 'none'}" if route.filter is not None else "")
                 for index, route in enumerate(self.routes)

@@ -97,9 +97,12 @@ def validate(config: Config) -> None:
     for name in config.table.metadata_columns:
         if name not in METADATA_COLUMNS:
             raise ConfigError("table.metadata_columns", f"unknown {name!r} (known: {', '.join(METADATA_COLUMNS)})")
-    for column, unit in config.coercions.epoch_units.items():
-        if unit not in ("s", "ms", "us"):
-            raise ConfigError(f"coercions.epoch_units.{column}", f"expected one of 's', 'ms', 'us', got {unit!r}")
+    coercions = [("coercions", config.coercions)]
+    coercions += [(f"routes[{i}].coercions", r.coercions) for i, r in enumerate(config.routes) if r.coercions]
+    for prefix, coercion in coercions:
+        for column, unit in coercion.epoch_units.items():
+            if unit not in ("s", "ms", "us"):
+                raise ConfigError(f"{prefix}.epoch_units.{column}", f"expected one of 's', 'ms', 'us', got {unit!r}")
 
 
 # S3 options that change how delta-rs commits, by their normalised name (lower case, no "aws_" prefix);
@@ -560,16 +563,20 @@ def _validate_routes(config: Config) -> None:
             names.add(route.name)
         elif expression:
             raise ConfigError(f"{key}.name", "required with [routing] expression (its value names the route)")
-        if route.transforms is not None or route.filter is not None or route.format:
-            if expression:
-                own = (
-                    "transforms" if route.transforms is not None else "filter" if route.filter is not None else "format"
-                )
-                raise ConfigError(
-                    f"{key}.{own}",
-                    "not with [routing] expression: a message is decoded and transformed before its route is known; "
-                    "give every route's in [format], [transforms] and [filter]",
-                )
+        stages = {
+            "format": route.format,
+            "transforms": route.transforms,
+            "filter": route.filter,
+            "coercions": route.coercions,
+        }
+        own = [name for name, value in stages.items() if value is not None]
+        if own and expression:
+            raise ConfigError(
+                f"{key}.{own[0]}",
+                "not with [routing] expression: a message is decoded and transformed before its route is known; "
+                "give every route's in [format], [transforms], [filter] and [coercions]",
+            )
+        if route.transforms is not None or route.filter is not None:
             Transformer(route.transforms or (), route.filter or "", key=f"{key}.transforms", filter_key=f"{key}.filter")
 
 

@@ -4,6 +4,7 @@ by the single-topic release that a second topic joins, and 200 topics at once.""
 
 from __future__ import annotations
 
+import datetime as dt
 import gzip
 import json
 import re
@@ -289,7 +290,8 @@ def test_each_route_transforms_and_filters_its_topic_its_own_way(
             *toml_section("transforms", {"type": "'every topic'"}),
             "[[routes]]",
             *toml_section("routes", {"topic": clicks.name, "uri": f"{lake}/clicks", "filter": "seq >= `30`"})[1:],
-            *toml_section("routes.transforms", {"type": "'clicks route'", "user.country": "'DE'"}),
+            *toml_section("routes.transforms", {"type": "'clicks route'", "user.country": "'DE'", "ts": "seq"}),
+            *toml_section("routes.coercions", {"epoch_unit": "s"}),  # its seq as epoch seconds
         ],
     )
     produced = {t.name: t.produce(PER_PARTITION) for t in (clicks, orders)}
@@ -302,9 +304,10 @@ def test_each_route_transforms_and_filters_its_topic_its_own_way(
     ordered = rows(lake / orders.name, ["id", "type", "user"])
     assert sorted(r["id"] for r in ordered) == sorted(produced[orders.name])
     assert {r["type"] for r in ordered} == {"every topic"} and {r["user"]["country"] for r in ordered} == {"FR"}
-    clicked = rows(lake / "clicks", ["id", "seq", "type", "user"])
+    clicked = rows(lake / "clicks", ["id", "seq", "type", "user", "ts"])
     kept = expected_ids(2, range(30, PER_PARTITION))
     assert sorted(r["id"] for r in clicked) == sorted(kept)
+    assert all(r["ts"] == dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(seconds=r["seq"]) for r in clicked)
     assert {r["type"] for r in clicked} == {"clicks route"} and {r["user"]["country"] for r in clicked} == {"DE"}
     letters = rows(lake / "_dead_letters")
     assert [(r["topic"], r["partition"], r["offset"], r["stage"]) for r in letters] == [

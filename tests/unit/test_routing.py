@@ -411,6 +411,9 @@ schema = { id = "long not null", name = "string" }
 [routes.format]
 key = "json"
 envelope = "debezium"
+[routes.coercions]
+epoch_unit = "us"
+epoch_units = { updated = "s" }
 """
     )
     loaded = load_config(path, environ={})
@@ -425,6 +428,8 @@ envelope = "debezium"
     )
     assert logs.format_key == "routes[0].format"
     assert profiles.changes is not None and profiles.changes.envelope == "debezium"
+    assert (profiles.coercions.epoch_unit, dict(profiles.coercions.epoch_units)) == ("us", {"updated": "s"})
+    assert (logs.coercions, orders.coercions) == (loaded.coercions, loaded.coercions)
     assert (orders.format, orders.format_key) == (loaded.format, "format")
     assert any("route 0: topic logs → /lake/logs, format raw, key none" in line for line in loaded.summary())
 
@@ -466,6 +471,19 @@ envelope = "debezium"
             r"routes\[0\]\.format",
             r"not with \[routing\] expression",
         ),
+        (
+            '[{"name": "a", "uri": "/l/a", "coercions": {"epoch_unit": "s"}}]',
+            {"K2D_ROUTING__EXPRESSION": "type"},
+            r"routes\[0\]\.coercions",
+            r"not with \[routing\] expression",
+        ),
+        (
+            '[{"topic": "a", "uri": "/l/a", "coercions": {"epoch_units": {"at": "h"}}}]',
+            {},
+            r"routes\[0\]\.coercions\.epoch_units\.at",
+            "expected one of",
+        ),
+        ('[{"topic": "a", "uri": "/l/a", "coercions": {"epoch_unit": "h"}}]', {}, r"routes\[0\]\.coercions", "one of"),
     ],
 )
 def test_a_routes_format_is_checked_at_start_naming_the_route(
