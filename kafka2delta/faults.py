@@ -68,10 +68,15 @@ def point(name: str) -> None:
         return
     _remaining_hits -= 1
     if _remaining_hits <= 0:
-        logger.critical("fault injection: SIGKILL at %s", name)
-        for handler in logging.getLogger().handlers:
-            handler.flush()
+        _announce("fault injection: SIGKILL at %s", name)
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _announce(message: str, *args: object) -> None:
+    """Log the kill about to come, and flush it: a SIGKILLed process writes nothing more."""
+    logger.critical(message, *args)
+    for handler in logging.getLogger().handlers:
+        handler.flush()
 
 
 @contextmanager
@@ -133,11 +138,7 @@ def _kill_on_new_file(
             # The line comes first (a dead process logs nothing), then the commit is looked for once more: the kill
             # follows that look by microseconds, while a MERGE commits ~0.5 ms or more after its first file.
             file = directory / sorted(written)[0]
-            logger.critical(
-                "fault injection: SIGKILL at %s (%s written, version %d not committed)", name, file, next_commit
-            )
-            for handler in logging.getLogger().handlers:
-                handler.flush()
+            _announce("fault injection: SIGKILL at %s (%s written, version %d not committed)", name, file, next_commit)
             if not commit.exists():
                 os.kill(os.getpid(), signal.SIGKILL)
             said.append("missed")

@@ -193,7 +193,7 @@ class Routes:
         metadata = config.metadata_columns or table.metadata_columns
         columns = dict(config.schema or table.schema)
         changes = self._changes(config)
-        transforms, filter_expression = config.stages(self._config.transforms, self._config.filter.expression)
+        stages = config.stages(self._config)
         if changes is not None and not changes.upsert:  # a changelog row says where its change came from
             metadata = tuple(dict.fromkeys((*metadata, *CHANGELOG_METADATA)))
         if columns:
@@ -216,11 +216,11 @@ class Routes:
             route=route.key,
             dead_letter_uri=self._dead_letter_uri(route),
             changes=changes,
-            format=config.format or self._config.format,
+            format=stages.format,
             format_key=f"{route.key}.format" if config.format else "format",
-            coercions=config.coercions or self._config.coercions,
-            transforms=transforms,
-            filter=filter_expression,
+            coercions=stages.coercions,
+            transforms=stages.transforms,
+            filter=stages.filter,
             transforms_key=f"{route.key}.transforms" if config.transforms is not None else "transforms",
             filter_key=f"{route.key}.filter" if config.filter is not None else FILTER_KEY,
         )
@@ -271,7 +271,7 @@ class Routes:
             return None
         if not (config.key or table.key):
             raise ConfigError("table.key", f'required with mode = "{mode}" for the topics no route takes')
-        fmt = config.format or self._config.format
+        fmt = config.stages(self._config).format
         envelope = fmt.envelope
         change_columns = config.change_columns or table.change_columns
         if mode == "changelog":
@@ -301,9 +301,7 @@ class Routes:
             config.key or table.key,
             config.delete_mode or table.delete_mode,
             config.change_columns or table.change_columns,
-            config.format or self._config.format,
-            config.coercions or self._config.coercions,
-            *config.stages(self._config.transforms, self._config.filter.expression),
+            *config.stages(self._config),
         )
 
     def _check_app_ids(self) -> None:

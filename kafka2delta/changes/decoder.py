@@ -30,6 +30,7 @@ from kafka2delta.changes.envelope import Change, debezium_change, key_row, plain
 from kafka2delta.changes.options import BEFORE_COLUMN, DELETED_COLUMN, ChangeOptions
 from kafka2delta.errors import MessageError
 from kafka2delta.records import PartitionMessages
+from kafka2delta.schema import delta_type
 from kafka2delta.serialization.avro import AvroCodec, AvroDeserializer, AvroKeys
 from kafka2delta.serialization.base import Decoded, Deserializer, KeyDecoder, decode_error
 from kafka2delta.serialization.protobuf import ProtobufDeserializer
@@ -235,26 +236,14 @@ class ChangeDeserializer:
 
 def _key_type(column: str, value: Any) -> pa.DataType:
     """The Arrow type of a key column taken from a schemaless Kafka key, for a table made from its first rows; a
-    dead letter when Arrow or Parquet has none for it (a number too large, mixed lists, an empty object)."""
+    dead letter when Arrow or Delta has none for it (a number too large, mixed lists, an empty object, a null)."""
     try:
         data_type = pa.scalar(value).type
     except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
         raise decode_error(f"the Kafka key's {column!r} has no Arrow type: {exc}") from exc
-    if not _writable(data_type):
+    if delta_type(data_type, inferred=False) != data_type:  # a null (or a struct or list of them) drops out
         raise decode_error(f"the Kafka key's {column!r} ({value!r}) has no type Parquet can write ({data_type})")
     return data_type
-
-
-def _writable(data_type: pa.DataType) -> bool:
-    """Whether Parquet can hold a column of ``data_type``: no null type and no struct without members, however
-    nested."""
-    if pa.types.is_null(data_type):
-        return False
-    if pa.types.is_struct(data_type):
-        return data_type.num_fields > 0 and all(_writable(member.type) for member in data_type)
-    if pa.types.is_list(data_type) or pa.types.is_large_list(data_type):
-        return _writable(data_type.value_type)
-    return True
 
 
 def _row_types(upserts: dict[int, Change]) -> list[tuple[tuple[pa.Field, ...], list[int]]]:

@@ -9,7 +9,7 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 ENV_PREFIX = "K2D_"
@@ -257,14 +257,14 @@ class RouteConfig:
     """This route's ``[routes.coercions]``, in place of ``[coercions]``, whole as a format is (None: ``[coercions]``).
     Routing by topic only."""
 
-    def stages(
-        self, transforms: tuple[tuple[str, str], ...], filter_expression: str
-    ) -> tuple[tuple[tuple[str, str], ...], str]:
-        """This route's transforms and filter: its own where it gives them (empty ones too), else the daemon's
-        (``transforms``, ``filter_expression``)."""
-        return (
-            self.transforms if self.transforms is not None else transforms,
-            self.filter if self.filter is not None else filter_expression,
+    def stages(self, daemon: Config) -> RouteStages:
+        """How this route's table reads its messages: the route's own format, coercions, transforms and filter
+        where it gives them (empty transforms and filter too), else the daemon's."""
+        return RouteStages(
+            format=self.format or daemon.format,
+            coercions=self.coercions or daemon.coercions,
+            transforms=self.transforms if self.transforms is not None else daemon.transforms,
+            filter=self.filter if self.filter is not None else daemon.filter.expression,
         )
 
     def takes(self, topic: str) -> bool:
@@ -273,6 +273,15 @@ class RouteConfig:
         if self.topic:
             return topic == self.topic
         return not self.topic_pattern or re.search(self.topic_pattern, topic) is not None
+
+
+class RouteStages(NamedTuple):
+    """A route's stages as its table runs them (:meth:`RouteConfig.stages`)."""
+
+    format: FormatConfig
+    coercions: CoercionConfig
+    transforms: tuple[tuple[str, str], ...]
+    filter: str
 
 
 @dataclass(frozen=True)

@@ -279,8 +279,7 @@ def _validate_changes(config: Config) -> None:
                 schema_at, f"{required} are not null, but a delete carries only the key: make them nullable"
             )
         transforms_at = f"{prefix}.transforms" if route.transforms is not None else "transforms"
-        transforms, _ = route.stages(config.transforms, config.filter.expression)
-        retargeted = [target for target, _ in transforms if target.split(".")[0] in key]
+        retargeted = [target for target, _ in route.stages(config).transforms if target.split(".")[0] in key]
         if retargeted and mode == "upsert":  # a changelog's deletes are rows, transformed like the others
             # A delete skips the transforms (it has only the key): a transformed key would never be deleted.
             raise ConfigError(transforms_at, f"{retargeted} write key column(s) of {key_at}; a delete could not match")
