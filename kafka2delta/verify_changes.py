@@ -8,7 +8,9 @@ them to the last change per key (by partition, then offset), and compares: keys 
 holds that no change left standing, and keys whose values differ (the columns named). Dead letters are
 checked too: every message the stages reject must be in the dead-letter table. The topics that feed one table are
 checked together. A topic whose retention deleted early changes cannot be checked this way (``low`` above 0 is
-reported: not checkable, unless something else is found wrong).
+reported: not checkable, unless something else is found wrong). Keys that are missing or differ are looked for in
+the commits not made by the daemon (:mod:`kafka2delta.verify_later_changes`): a key ``jobs ttl`` or ``jobs mutate``
+deleted or changed after its last change was written is counted as deleted or changed later, not as a fault.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from kafka2delta.kafka import topic_partitions
 from kafka2delta.pipeline import Pipeline
 from kafka2delta.records import PartitionMessages
 from kafka2delta.routing import TableSpec
+from kafka2delta.verify_later_changes import KeyCommit, later_changes
 from kafka2delta.verify_reading import (
     Deadline,
     partition_messages,
@@ -65,6 +68,15 @@ class ChangesReport:
     """Keys whose row differs, with the columns that differ."""
     dead_letters_missing: list[tuple[str, int, int]] = field(default_factory=list)
     messages: int = 0
+    deleted_later: list[Any] = field(default_factory=list)
+    """Keys a later commit not made by the daemon deleted (``jobs ttl``, a ``jobs mutate`` DELETE): not missing."""
+    changed_later: list[Any] = field(default_factory=list)
+    """Keys later commits not made by the daemon changed to the row the table holds: not differing."""
+    later_commits: dict[int, KeyCommit] = field(default_factory=dict)
+    later_unreadable: dict[int, str] = field(default_factory=dict)
+    """Commits whose rows cannot be told, by version: why (files vacuumed, deletion vectors …)."""
+    log_starts_at: int = 0
+    """Where the log read for those commits starts, when it has been cleaned up (0: not)."""
 
     @property
     def truncated(self) -> dict[str, dict[int, int]]:
@@ -100,6 +112,13 @@ class ChangesReport:
                 "duplicated_keys": [repr(k) for k in self.duplicated],
                 "different": [{"key": repr(k), "columns": c} for k, c in self.different],
                 "dead_letters_missing": self.dead_letters_missing,
+                "deleted_later_keys": [repr(k) for k in self.deleted_later],
+                "changed_later_keys": [repr(k) for k in self.changed_later],
+                "later_commits": {
+                    str(at): {"operation": c.operation, "keys": c.keys} for at, c in sorted(self.later_commits.items())
+                },
+                "later_commits_unreadable": {str(at): why for at, why in sorted(self.later_unreadable.items())},
+                "log_starts_at": self.log_starts_at,
                 "low_watermarks": {topic: {str(p): v for p, v in low.items()} for topic, low in self.low.items()},
             },
             indent=2,
@@ -125,8 +144,28 @@ class ChangesReport:
             lines.append(f"  rows that differ: {len(self.different)} ({shown})")
         if self.dead_letters_missing:
             lines.append(f"  dead letters not recorded: {self.dead_letters_missing[:_SHOWN]}")
+        for label, keys in (("deleted", self.deleted_later), ("changed", self.changed_later)):
+            if keys:
+                shown = ", ".join(repr(k) for k in keys[:_SHOWN])
+                lines.append(f"  keys later commits {label}: {len(keys)} (e.g. {shown}; counted, not faults)")
+        if self.later_commits:
+            shown = ", ".join(f"v{at} {c.operation} {c.keys}" for at, c in sorted(self.later_commits.items())[:_SHOWN])
+            lines.append(f"  later commits not made by the daemon: {shown}")
+        for at, why in sorted(self.later_unreadable.items())[:_SHOWN]:
+            lines.append(f"  what v{at} deleted or changed cannot be told from faults ({why})")
+        if self.log_starts_at:
+            lines.append(
+                f"  the log starts at v{self.log_starts_at} (cleaned up): what older commits deleted or changed "
+                "cannot be told from faults"
+            )
+        later = [
+            f"{label} later {len(keys)}"
+            for label, keys in (("deleted", self.deleted_later), ("changed", self.changed_later))
+            if keys
+        ]
         if self.ok:
-            lines.append("  OK: the table holds the last change of each key, and nothing else")
+            said = f" ({', '.join(later)})" if later else ""
+            lines.append(f"  OK: the table holds the last change of each key, and nothing else{said}")
         else:
             counts = [
                 f"{label} {len(items)}"
@@ -141,7 +180,7 @@ class ChangesReport:
             ]
             if self.truncated:
                 counts.append(f"not checkable (retention) in {self.truncated}")
-            lines.append(f"  FAILED: {', '.join(counts)}")
+            lines.append(f"  FAILED: {', '.join(counts + later)}")
         return "\n".join(lines)
 
 
@@ -257,17 +296,51 @@ def check_changes(
     # The one fault a per-key dict would hide: the same key twice, an insert where an update was due (found by review).
     report.duplicated = sorted((k for k, count in held.items() if count > 1), key=repr)
     compared = [c for c in expected_schema.names if c in schema.names]
+    differs = partial(_differs, compared, key, soft)
     for k in sorted(set(expected) & set(actual), key=repr):
-        want, got = expected[k], actual[k]
-        if soft and want.get(DELETED_COLUMN):
-            compared_here = [c for c in compared if c in key or c == DELETED_COLUMN]
-        else:
-            compared_here = compared
-        # A TOASTed value no change in the history gave (retention deleted it) is the table's to keep.
-        differs = [c for c in compared_here if want.get(c) != got.get(c) and not want.get(UNAVAILABLE_FLAG + c)]
-        if differs:
-            report.different.append((k, differs))
+        if columns := differs(expected[k], actual[k]):
+            report.different.append((k, columns))
+    if (report.missing or report.different) and version is not None:
+        _explain_by_later_commits(
+            report, spec.uri, storage_options, version, key, schema, expected, actual, differs, deadline
+        )
     return report
+
+
+def _differs(
+    compared: list[str], key: list[str], soft: bool, want: Mapping[str, Any], got: Mapping[str, Any]
+) -> list[str]:
+    """The columns of ``compared`` in which ``got`` differs from the expected row ``want`` (a soft-deleted key: only
+    its key and ``_deleted``)."""
+    if soft and want.get(DELETED_COLUMN):
+        compared = [c for c in compared if c in key or c == DELETED_COLUMN]
+    # A TOASTed value no change in the history gave (retention deleted it) is the table's to keep.
+    return [c for c in compared if want.get(c) != got.get(c) and not want.get(UNAVAILABLE_FLAG + c)]
+
+
+def _explain_by_later_commits(
+    report: ChangesReport,
+    uri: str,
+    storage_options: Mapping[str, str],
+    version: int,
+    key: list[str],
+    schema: pa.Schema,
+    expected: Mapping[Any, dict[str, Any]],
+    actual: Mapping[Any, dict[str, Any]],
+    differs: Callable[[dict[str, Any], dict[str, Any]], list[str]],
+    deadline: Deadline,
+) -> None:
+    """Move the missing and differing keys that commits not made by the daemon deleted or changed (``jobs ttl``,
+    ``jobs mutate``) from the faults to ``deleted_later`` and ``changed_later``."""
+    held: dict[Any, dict[str, Any] | None] = {k: None for k in report.missing}
+    held.update((k, actual[k]) for k, _ in report.different)
+    found = later_changes(uri, storage_options, version, key, schema, expected, held, differs, deadline)
+    report.deleted_later = sorted(found.deleted, key=repr)
+    report.changed_later = sorted(found.changed, key=repr)
+    report.missing = [k for k in report.missing if k not in found.deleted]
+    report.different = [(k, c) for k, c in report.different if k not in found.changed]
+    report.later_commits, report.later_unreadable = found.by_version, found.unreadable
+    report.log_starts_at = found.log_starts_at
 
 
 def _key(row: Mapping[str, Any], key: list[str]) -> Any:

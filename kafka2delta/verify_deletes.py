@@ -18,7 +18,7 @@ missing.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
@@ -39,7 +39,7 @@ _FIRST_PAGE = 1000  # log entries read first, newest first; then the 4 times as 
 _LAST_PAGE = 16_000  # the largest page: what a page holds waits in memory, and a stop is seen between entries
 _READERS = 8  # log entries read at once (one GET each on object storage)
 _DELETING = frozenset({"DELETE", "MERGE", "UPDATE"})
-"""Operations meant to delete (or that may delete) rows; an overwrite counts with a predicate (_LogEntry.deletes)."""
+"""Operations meant to delete (or that may delete) rows; an overwrite counts with a predicate (LogEntry.deletes)."""
 
 
 @dataclass(frozen=True)
@@ -84,34 +84,50 @@ def deleted_rows(
     read = _Read(filesystem, root, (partition_column, offset_column), where, where_columns)
     found = Deletions()
     pieces: list[pa.Table] = []
+    for entries in log_pages(filesystem, root, uri, version, deadline):
+        for at, entry in entries:
+            if entry is None:  # cleaned up from here down (delta.logRetentionDuration), or a gap
+                found.log_starts_at = at + 1
+            elif entry.deletes:
+                deleted = _deleted_by(read, at, entry, found)
+                if deleted is not None and deleted.num_rows:
+                    found.by_version[at] = DeletingCommit(entry.operation, deleted.num_rows)
+                    pieces.append(deleted)
+        if pieces:
+            rows = pa.concat_tables(pieces)
+            partitions, offsets = rows.column(0).to_numpy(), rows.column(1).to_numpy()
+            found.offsets = {int(p): np.unique(offsets[partitions == p]) for p in np.unique(partitions)}
+        if all(np.isin(offsets, found.offsets.get(p, ())).all() for p, offsets in missing.items()):
+            break
+    return found
+
+
+def log_pages(
+    filesystem: pa_fs.FileSystem, root: str, uri: str, version: int, deadline: Deadline
+) -> Iterator[list[tuple[int, LogEntry | None]]]:
+    """The log's entries from ``version`` down, newest first, a page at a time (a page's entries read several at
+    once; the first page small, as what is looked for is usually recent). The walk ends at version 0 or with the
+    first entry the log no longer has (None: cleaned up from there down, or a gap), the last of its page."""
     top, page = version, _FIRST_PAGE
     with ThreadPoolExecutor(_READERS) as pool:
         while top >= 0:
             versions = list(range(top, max(top - page, -1), -1))
+            entries: list[tuple[int, LogEntry | None]] = []
             for at, entry in zip(versions, pool.map(partial(_log_entry, filesystem, root), versions), strict=True):
                 deadline.wait(0, lambda: f"reading the log of {uri} at version {at}")  # noqa: B023 (called at once)
-                if entry is None:  # cleaned up from here down (delta.logRetentionDuration), or a gap
-                    found.log_starts_at = at + 1
-                    top = -1
+                entries.append((at, entry))
+                if entry is None:
                     break
-                if entry.deletes:
-                    deleted = _deleted_by(read, at, entry, found)
-                    if deleted is not None and deleted.num_rows:
-                        found.by_version[at] = DeletingCommit(entry.operation, deleted.num_rows)
-                        pieces.append(deleted)
-            if pieces:
-                rows = pa.concat_tables(pieces)
-                partitions, offsets = rows.column(0).to_numpy(), rows.column(1).to_numpy()
-                found.offsets = {int(p): np.unique(offsets[partitions == p]) for p in np.unique(partitions)}
-            if all(np.isin(offsets, found.offsets.get(p, ())).all() for p, offsets in missing.items()):
-                break
+            yield entries
+            if entries[-1][1] is None:
+                return
             top, page = top - page, min(page * 4, _LAST_PAGE)
-    return found
 
 
 @dataclass
-class _LogEntry:
-    """What one log entry says about deletions: its operation and the data files it removed and added."""
+class LogEntry:
+    """What one log entry says about deletions: its operation and the data files it removed and added (with
+    ``dataChange``)."""
 
     info: dict[str, Any]
     """Its ``commitInfo`` (empty when it has none: the protocol makes it optional)."""
@@ -143,7 +159,7 @@ class _LogEntry:
         )
 
 
-def _log_entry(filesystem: pa_fs.FileSystem, root: str, version: int) -> _LogEntry | None:
+def _log_entry(filesystem: pa_fs.FileSystem, root: str, version: int) -> LogEntry | None:
     """The entry of ``version`` (None when the log no longer has it)."""
     path = f"{root.rstrip('/')}/_delta_log/{version:020d}.json"
     try:
@@ -153,7 +169,7 @@ def _log_entry(filesystem: pa_fs.FileSystem, root: str, version: int) -> _LogEnt
         return None
     except OSError as exc:
         raise RetryableError(f"reading {path}: {exc}") from exc
-    entry = _LogEntry({}, [], [])
+    entry = LogEntry({}, [], [])
     try:
         for line in data.decode().splitlines():
             if not line.strip():
@@ -171,15 +187,12 @@ def _log_entry(filesystem: pa_fs.FileSystem, root: str, version: int) -> _LogEnt
     return entry
 
 
-def _deleted_by(read: _Read, at: int, entry: _LogEntry, found: Deletions) -> pa.Table | None:
+def _deleted_by(read: _Read, at: int, entry: LogEntry, found: Deletions) -> pa.Table | None:
     """The (partition, offset) of the rows version ``at`` deleted; None, noted in ``found``, when it cannot be told."""
-    if entry.error:
-        found.unreadable[at] = entry.error
+    if not entry.removed and not entry.error:
         return None
-    if not entry.removed:
-        return None
-    if any(action.get("deletionVector") for action in (*entry.removed, *entry.added)):
-        found.unreadable[at] = "deletion vectors"
+    if why := unreadable(entry):
+        found.unreadable[at] = why
         return None
     try:
         return _minus(read.rows(entry.removed), read.rows(entry.added))
@@ -188,6 +201,35 @@ def _deleted_by(read: _Read, at: int, entry: _LogEntry, found: Deletions) -> pa.
     except pa.ArrowException as exc:  # a corrupt data file: named, not fatal to the check
         found.unreadable[at] = f"unreadable: {exc}"
     return None
+
+
+def unreadable(entry: LogEntry) -> str:
+    """Why the rows an entry's files hold cannot be told from its log entry alone ("" when they can)."""
+    if entry.error:
+        return entry.error
+    if any(action.get("deletionVector") for action in (*entry.removed, *entry.added)):
+        return "deletion vectors"
+    return ""
+
+
+def data_file(filesystem: pa_fs.FileSystem, root: str, action: dict[str, Any], columns: tuple[str, ...]) -> pa.Table:
+    """The ``columns`` of the data file an add or remove action names (those it has; its partition values as text
+    columns). FileNotFoundError when the file is gone (vacuumed)."""
+    path = f"{root.rstrip('/')}/{unquote(action['path'])}"
+    try:
+        if filesystem.get_file_info(path).type == pa_fs.FileType.NotFound:
+            raise FileNotFoundError(path)
+        with filesystem.open_input_file(path) as handle:
+            parquet = pq.ParquetFile(handle)
+            rows = parquet.read(columns=[n for n in columns if n in parquet.schema_arrow.names])
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise RetryableError(f"reading {path}: {exc}") from exc
+    for name, value in (action.get("partitionValues") or {}).items():
+        if name in columns and name not in rows.column_names:
+            rows = rows.append_column(name, pa.array([value] * rows.num_rows, pa.string()))
+    return rows
 
 
 @dataclass
@@ -208,21 +250,7 @@ class _Read:
         return pa.concat_tables(kept) if kept else no_offsets()
 
     def _file(self, action: dict[str, Any]) -> pa.Table | None:
-        path = f"{self.root.rstrip('/')}/{unquote(action['path'])}"
-        wanted = (*self.columns, *self.where_columns)
-        try:
-            if self.filesystem.get_file_info(path).type == pa_fs.FileType.NotFound:
-                raise FileNotFoundError(path)
-            with self.filesystem.open_input_file(path) as handle:
-                parquet = pq.ParquetFile(handle)
-                rows = parquet.read(columns=[n for n in wanted if n in parquet.schema_arrow.names])
-        except FileNotFoundError:
-            raise
-        except OSError as exc:
-            raise RetryableError(f"reading {path}: {exc}") from exc
-        for name, value in (action.get("partitionValues") or {}).items():
-            if name in wanted and name not in rows.column_names:
-                rows = rows.append_column(name, pa.array([value] * rows.num_rows, pa.string()))
+        rows = data_file(self.filesystem, self.root, action, (*self.columns, *self.where_columns))
         for name in self.where_columns:
             # A file written before the column existed reads as the table does, with nulls there (found by review:
             # with no column, no filter applied, and another topic's rows of a shared table explained this one's).

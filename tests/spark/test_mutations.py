@@ -1,5 +1,6 @@
 """Mutation and GDPR/retention jobs end to end from their topics; a replayed micro-batch changes nothing; a new
-checkpoint is refused while the table holds the job's txn; the daemon appends afterwards."""
+checkpoint is refused while the table holds the job's txn; the daemon appends afterwards; verify tells what the jobs did
+to an upsert table from faults."""
 
 from __future__ import annotations
 
@@ -139,3 +140,37 @@ def test_mutation_and_ttl_jobs_from_their_topics(
         len(expected) + 10,
     )
     assert len(checked["deleted_by_version"][setup.table_uri]) == 4  # mutate: L3, then L4; ttl: GDPR, then retention
+
+
+def test_verify_tells_what_the_jobs_did_to_an_upsert_table_from_faults(
+    spark: Any,
+    tmp_path: Path,
+    setup_factory: Callable[..., Setup],
+    topic_factory: Callable[[int], Topic],
+    daemon_factory: Callable[..., Daemon],
+) -> None:
+    """Keys `jobs ttl` deleted and rows `jobs mutate` changed after the daemon upserted them are counted as deleted
+    and changed later (read from the jobs' commits), not as missing or differing."""
+    mutations, gdpr = topic_factory(1), topic_factory(1)
+    jobs = jobs_section(mutations.name, gdpr.name, tmp_path / "checkpoints")
+    sections = {"jobs": jobs, "format": {"key": "string"}}
+    setup = setup_factory(1, schema=SCHEMA, sections=sections, table={"mode": "upsert", "key": ["id"]})
+    events = [event(f"e{i}", f"L{i % 5}", f"U{i % 7}") for i in range(40)]
+    events += [{**e, "contact_id": "second"} for e in events[:10]]  # a second change of ten keys
+    setup.topic.produce_messages([Message(0, json.dumps(e).encode()) for e in events])
+    assert daemon_factory(setup, "--until-caught-up").wait(120) == 0
+    cfg, none = config(setup.config_path), Coordinator(NoBackend(), "t")
+    mutations.produce_messages([Message(0, update("L1", "C1"))])
+    assert StreamingJob(spark, cfg, "mutate", none).run(available_now=True).details["rows_updated"] == 8
+    gdpr.produce_messages([Message(0, forget("U4"))])
+    assert StreamingJob(spark, cfg, "ttl", none).run(available_now=True).details["rows_deleted"] == 6
+
+    code, checked = setup.verify()
+    assert isinstance(checked, dict) and code == 0, checked
+    gone = sorted(repr(f"e{i}") for i in range(40) if i % 7 == 4)
+    changed = sorted(repr(f"e{i}") for i in range(40) if i % 5 == 1 and i % 7 != 4)
+    assert (checked["missing_keys"], checked["different"]) == ([], [])
+    assert (checked["deleted_later_keys"], checked["changed_later_keys"]) == (gone, changed)
+    # One commit each (the jobs change rows by MERGE): the update of L1's keys, the GDPR delete of U4's.
+    assert [c["operation"] for c in checked["later_commits"].values()] == ["MERGE", "MERGE"]
+    assert [c["keys"] for c in checked["later_commits"].values()] == [len(changed), len(gone)]

@@ -289,8 +289,10 @@ def test_an_upsert_table_that_lost_a_key_gained_one_or_holds_a_stale_value_fails
     [report] = check(config, None, partial(build_pipeline, config))
     assert report.ok, report.render()
     table = DeltaTable(str(tmp_path / "table"))
-    table.delete("id = 3")  # a change lost
-    table.update(updates={"name": "'zzz'"}, predicate="id = 1")  # a change applied wrongly
+    # Commits marked as the daemon's: its own faults (another writer's DELETE or UPDATE would be a job's doing).
+    daemon = CommitProperties(custom_metadata={"kafka2delta": {"operation": "merge"}})
+    table.delete("id = 3", commit_properties=daemon)  # a change lost
+    table.update(updates={"name": "'zzz'"}, predicate="id = 1", commit_properties=daemon)  # a change applied wrongly
     stray = table.to_pyarrow_table().filter(pc.field("id") == 2)
     write_deltalake(table, stray.set_column(0, "id", pa.array([99], pa.int64())), mode="append")  # no change made it
     [report] = check(config, None, partial(build_pipeline, config))

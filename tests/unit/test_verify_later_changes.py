@@ -1,0 +1,145 @@
+"""``verify`` of an upsert table tells what later commits not made by the daemon (``jobs ttl``, ``jobs mutate``, anyone's
+DELETE or UPDATE) did to its keys from the daemon's faults."""
+
+import json
+from functools import partial
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+from deltalake import CommitProperties, DeltaTable, write_deltalake
+
+from kafka2delta.cli import build_pipeline
+from kafka2delta.config import Config
+from kafka2delta.records import TopicPartition
+from kafka2delta.verify import check
+from kafka2delta.verify_changes import ChangesReport
+from kafka2delta.verify_later_changes import KeyCommit
+from tests.support.debezium import change_batch, change_config
+from tests.support.runner import TopicsSource, ingest_until_caught_up
+from tests.support.verify_consumer import serve_topics
+
+P0 = TopicPartition("cdc", 0)
+DAEMON = CommitProperties(custom_metadata={"kafka2delta": {"operation": "merge"}})
+"""A commit marked as the daemon's: what a fault of the daemon itself would commit."""
+
+
+def _ingested(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, changes: list[tuple[int, str]]) -> Config:
+    """An upsert table (key ``id``, column ``name``) the daemon wrote from ``changes``, in that order; the topic
+    served to the checker."""
+    config = change_config(tmp_path, "upsert", K2D_TABLE__SCHEMA=json.dumps({"id": "long", "name": "string"}))
+    records = [(f'{{"id": {i}}}'.encode(), json.dumps({"id": i, "name": n}).encode()) for i, n in changes]
+    ingest_until_caught_up(config, TopicsSource([change_batch(P0, 0, records)], {P0: len(records)}))
+    serve_topics(monkeypatch, {"cdc": {0: [(i, value, key) for i, (key, value) in enumerate(records)]}})
+    return config
+
+
+def _check(config: Config) -> ChangesReport:
+    [report] = check(config, None, partial(build_pipeline, config))
+    assert isinstance(report, ChangesReport)
+    return report
+
+
+def test_keys_later_jobs_deleted_or_changed_are_counted_not_faults_until_vacuum_removes_their_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = _ingested(tmp_path, monkeypatch, [(1, "a"), (2, "b"), (3, "c"), (2, "b2"), (4, "d"), (5, "e")])
+    table = DeltaTable(str(tmp_path / "table"))
+    table.delete("id = 3")  # a GDPR delete, as jobs ttl makes
+    deleting = table.version()
+    table.update(updates={"name": "'masked'"}, predicate="id = 1")  # a jobs mutate UPDATE
+    masking = table.version()
+    table.update(updates={"name": "'x'"}, predicate="id = 4")
+    table.delete("id = 4")  # changed, then deleted
+    deleting_changed = table.version()
+    table.optimize.compact()  # rewrites every row: deletes and changes none
+    report = _check(config)
+    assert report.ok, report.render()
+    assert (report.missing, report.different) == ([], [])
+    assert (report.deleted_later, report.changed_later) == ([3, 4], [1])
+    assert report.later_commits == {
+        deleting: KeyCommit("DELETE", 1),
+        masking: KeyCommit("UPDATE", 1),
+        deleting_changed: KeyCommit("DELETE", 1),
+    }
+    text = report.render()
+    assert f"later commits not made by the daemon: v{deleting} DELETE 1, v{masking} UPDATE 1" in text
+    assert text.splitlines()[-1] == (
+        "  OK: the table holds the last change of each key, and nothing else (deleted later 2, changed later 1)"
+    )
+    data = json.loads(report.to_json())
+    assert data["ok"] and data["deleted_later_keys"] == ["3", "4"] and data["changed_later_keys"] == ["1"]
+    assert data["later_commits"][str(deleting)] == {"operation": "DELETE", "keys": 1}
+
+    # Beside them, the daemon's own faults still fail the check.
+    table.delete("id = 2", commit_properties=DAEMON)
+    table.update(updates={"name": "'zzz'"}, predicate="id = 5", commit_properties=DAEMON)
+    report = _check(config)
+    assert not report.ok and report.missing == [2] and [k for k, _ in report.different] == [5]
+    assert report.deleted_later == [3, 4] and report.changed_later == [1]
+    assert report.render().splitlines()[-1] == ("  FAILED: missing 1, different 1, deleted later 2, changed later 1")
+
+    # Once VACUUM has removed the files a job's commit removed, what it did cannot be told from a loss.
+    table.vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
+    report = _check(config)
+    assert not report.ok and 3 in report.missing and 3 not in report.deleted_later
+    assert report.later_unreadable[deleting] == "its files were vacuumed"
+    assert f"what v{deleting} deleted or changed cannot be told from faults (its files were vacuumed)" in (
+        report.render()
+    )
+
+
+def test_a_job_that_deleted_an_earlier_row_of_the_key_does_not_explain_a_lost_last_change(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The row a job took out must be the one the key's last change left, not any row of the key."""
+    config = _ingested(tmp_path, monkeypatch, [(1, "a"), (2, "b")])
+    table = DeltaTable(str(tmp_path / "table"))
+    earlier = table.to_pyarrow_table().filter(pc.field("id") == 1)
+    write_deltalake(table, earlier.set_column(1, "name", pa.array(["an earlier a"])), mode="append")
+    table.delete("name = 'an earlier a'")  # a job deleting a row of key 1 that is not its last change
+    table.delete("id = 1", commit_properties=DAEMON)  # the daemon losing the last change
+    report = _check(config)
+    assert not report.ok and report.missing == [1] and report.deleted_later == [], report.render()
+    assert report.render().splitlines()[-1] == "  FAILED: missing 1"
+
+
+def test_a_key_a_job_deleted_and_the_daemon_wrote_again_is_checked_as_any_other(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A later change of a key a job deleted is the key's last change: the daemon must have written it."""
+    config = _ingested(tmp_path, monkeypatch, [(1, "a")])
+    table = DeltaTable(str(tmp_path / "table"))
+    table.delete("id = 1")
+    assert _check(config).deleted_later == [1]
+    records = [(b'{"id": 1}', b'{"id": 1, "name": "a"}'), (b'{"id": 1}', b'{"id": 1, "name": "a2"}')]
+    ingest_until_caught_up(config, TopicsSource([change_batch(P0, 1, records[1:])], {P0: 2}))
+    serve_topics(monkeypatch, {"cdc": {0: [(i, value, key) for i, (key, value) in enumerate(records)]}})
+    report = _check(config)
+    assert report.ok and report.deleted_later == [], report.render()
+    DeltaTable(str(tmp_path / "table")).update(updates={"name": "'zzz'"}, predicate="id = 1", commit_properties=DAEMON)
+    report = _check(config)
+    assert not report.ok and [k for k, _ in report.different] == [1] and report.changed_later == []
+
+
+def test_a_partitioned_tables_keys_are_read_with_their_partition_values(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = change_config(
+        tmp_path,
+        "upsert",
+        K2D_TABLE__SCHEMA=json.dumps({"id": "long", "name": "string", "region": "long"}),
+        K2D_TABLE__PARTITION_BY="region",
+    )
+    records = [
+        (f'{{"id": {i}}}'.encode(), json.dumps({"id": i, "name": "n", "region": i % 2}).encode()) for i in (1, 2, 3)
+    ]
+    ingest_until_caught_up(config, TopicsSource([change_batch(P0, 0, records)], {P0: len(records)}))
+    serve_topics(monkeypatch, {"cdc": {0: [(i, value, key) for i, (key, value) in enumerate(records)]}})
+    table = DeltaTable(str(tmp_path / "table"))
+    assert table.metadata().partition_columns == ["region"]
+    table.update(updates={"name": "'masked'"}, predicate="id = 3")
+    table.delete("id = 2")
+    report = _check(config)
+    assert report.ok and report.deleted_later == [2] and report.changed_later == [3], report.render()
