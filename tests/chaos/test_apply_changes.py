@@ -108,6 +108,11 @@ class Jobs:
         self.started.append(job)
         return job
 
+    def kill_all(self) -> None:
+        """Kill the turns still running (the test's teardown, after a failed assertion)."""
+        for job in self.started:
+            job.kill_if_running()
+
     def replays_skipped(self) -> int:
         """Micro-batches found already applied (by their txn version), in every turn's log, killed ones too."""
         logs = "".join(job.log() for job in self.started)
@@ -142,6 +147,7 @@ def test_targets_equal_postgres_through_changelogs_apply_changes_and_sigkills(
     tmp_path: Path,
     spark: Any,
     chaos_result: ChaosResult,
+    request: pytest.FixtureRequest,
 ) -> None:
     prefix = f"apl{uuid.uuid4().hex[:8]}"
     workload = Workload(postgres, prefix, seed=20261126)
@@ -151,15 +157,18 @@ def test_targets_equal_postgres_through_changelogs_apply_changes_and_sigkills(
     kafka_connect.add_connector(
         prefix, debezium_postgres_config(postgres, topic_prefix=prefix, tables=tables, converter="json")
     )
+    request.addfinalizer(lambda: kafka_connect.delete_connector(prefix))
     config_path = tmp_path / "config.toml"
     text = config_text(tmp_path, kafka_bootstrap, prefix, "json", None, mode="changelog")
     config_path.write_text(text + f'\n[jobs]\ncheckpoint_dir = "{tmp_path}/checkpoints"\ntrigger_interval_s = 1.0\n')
     env = {k: v for k, v in os.environ.items() if not k.startswith("K2D_")}
     wait_for_snapshot(kafka_bootstrap, topics)
     daemon = KilledDaemon(config_path, env, tmp_path, operations=OPERATIONS, kills=KILLS, faults=FAULTS, seed=11)
+    request.addfinalizer(daemon.kill_all)
     committed(daemon.current)  # the changelog tables exist before the job reads one
 
     jobs = Jobs(tmp_path, config_path, prefix, env)
+    request.addfinalizer(jobs.kill_all)
     workload_done = threading.Event()
     job_failures: list[str] = []
     job_kills = {"fault": 0, "outside": 0}
@@ -242,4 +251,3 @@ def test_targets_equal_postgres_through_changelogs_apply_changes_and_sigkills(
         "PostgreSQL table",
         flush=True,
     )
-    kafka_connect.delete_connector(prefix)

@@ -71,6 +71,7 @@ def test_postgres_tables_equal_their_delta_tables_through_debezium_and_sigkills(
         postgres, topic_prefix=prefix, tables=tables, converter=converter, registry_url=registry
     )
     kafka_connect.add_connector(prefix, connector)
+    request.addfinalizer(lambda: kafka_connect.delete_connector(prefix))
     config_path = tmp_path / "config.toml"
     config_path.write_text(config_text(tmp_path, kafka_bootstrap, prefix, converter, registry))
     env = {k: v for k, v in os.environ.items() if not k.startswith("K2D_")}
@@ -79,6 +80,7 @@ def test_postgres_tables_equal_their_delta_tables_through_debezium_and_sigkills(
     # commit not made; the MERGE computed and not made; after its commit; after the rows were checked), the last
     # ones are SIGKILLed from outside.
     daemon = KilledDaemon(config_path, env, tmp_path, operations=OPERATIONS, kills=KILLS, faults=FAULTS, seed=7)
+    request.addfinalizer(daemon.kill_all)
     run_workload(workload, OPERATIONS, daemon.on_step)
     wait_quiet(kafka_bootstrap, topics)
     messages = sum(high_watermarks(kafka_bootstrap, topics).values())
@@ -128,4 +130,3 @@ def test_postgres_tables_equal_their_delta_tables_through_debezium_and_sigkills(
         f"{messages} change events: every Delta table equals its PostgreSQL table; verify OK",
         flush=True,
     )
-    kafka_connect.delete_connector(prefix)

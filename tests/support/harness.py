@@ -159,6 +159,11 @@ class Daemon:
         self.process.kill()
         self.wait()
 
+    def kill_if_running(self) -> None:
+        """For a test's teardown: a failed assertion must not leave the process running into the next tests."""
+        if self.process.poll() is None:
+            self.kill()
+
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 

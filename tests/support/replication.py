@@ -202,11 +202,19 @@ class KilledDaemon:
         self._kill_at = sorted(self._rng.sample(range(operations), kills))
         self._faults = [faults[i] if i < len(faults) and i < kills - 1 else None for i in range(kills)]
         self._kills = kills
+        self._started: list[Daemon] = []
         self.current = self.start()
 
     def start(self, *extra: str, fault: str | None = None) -> Daemon:
         env = {**self._env, "K2D_FAULT_INJECT": fault} if fault else self._env
-        return Daemon([*self._args, *extra], env, self._logs / f"daemon-{next(self._runs)}.log")
+        daemon = Daemon([*self._args, *extra], env, self._logs / f"daemon-{next(self._runs)}.log")
+        self._started.append(daemon)
+        return daemon
+
+    def kill_all(self) -> None:
+        """Kill the daemons still running (a test's teardown, after a failed assertion)."""
+        for daemon in self._started:
+            daemon.kill_if_running()
 
     @property
     def planned_faults(self) -> list[str]:
