@@ -4,8 +4,9 @@ imported only when one of its commands runs (the daemon's container does not shi
 ::
 
     kafka2delta maintain optimize -c config.toml [--table URI|GLOB]... [--zorder-by c1,c2] [--where PRED]
-                                  [--target-file-size BYTES] [--purge-deletion-vectors]
+                                  [--target-file-size BYTES] [--purge-deletion-vectors] [--engine auto|spark|deltalake]
     kafka2delta maintain vacuum   -c config.toml [--table URI|GLOB]... [--retain-hours N] [--dead-letters] [--dry-run]
+                                  [--engine auto|spark|deltalake]
     kafka2delta jobs mutate       -c config.toml [--available-now | --max-turns N]
     kafka2delta jobs ttl          -c config.toml [--available-now | --max-turns N]
     kafka2delta jobs apply-changes -c config.toml --source URI --target URI [--key c1,c2] [--delete-mode hard|soft]
@@ -16,9 +17,11 @@ files before/after, rows changed, duration) and exits 0 (done, or skipped becaus
 1 (failed) or 2 (bad configuration). ``maintain`` works on every table the config writes (``table.uri`` and the
 routes' URIs, a ``{topic}`` matching every table beside it; never a dead-letter table, which ``--dead-letters``
 adds) or on the ``--table`` URIs and globs given; one table's failure is reported and the others are still done
-(exit 1 at the end, 2 if a failure was a configuration error). ``jobs apply-changes`` takes its turns on the
-``--target`` table (the coordinator's resource), the others on the table ``table.uri`` names (or, for ``ttl``'s
-dead-letter retention alone when that names no one table, on the daemon's dead-letter table:
+(exit 1 at the end, 2 if a failure was a configuration error). ``maintain`` runs through Spark, or through delta-rs
+with no JVM (:mod:`kafka2delta.spark.maintenance_deltalake`) for Azure and GCS tables (``--engine auto``, the default)
+or every table (``--engine deltalake``); Spark starts only if a table needs it. ``jobs apply-changes`` takes its
+turns on the ``--target`` table (the coordinator's resource), the others on the table ``table.uri`` names (or, for
+``ttl``'s dead-letter retention alone when that names no one table, on the daemon's dead-letter table:
 :func:`~kafka2delta.spark.jobs.job_table`).
 """
 
@@ -29,6 +32,7 @@ import logging
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +48,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 COMMANDS = ("maintain", "jobs")
+ENGINES = ("auto", "spark", "deltalake")
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
 
 
@@ -94,6 +99,14 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     vacuum.add_argument("--dead-letters", action="store_true", help="also the dead-letter table")
     vacuum.add_argument("--dry-run", action="store_true", help="only count what would be deleted")
     vacuum.add_argument("--table", action="append", default=[], metavar="URI", help=_TABLE_HELP)
+    for action in (optimize, vacuum):
+        action.add_argument(
+            "--engine",
+            choices=ENGINES,
+            default="auto",
+            help="spark, or deltalake (delta-rs, no JVM); auto (default): deltalake for Azure and GCS tables, which "
+            "Spark cannot reach, spark for the others",
+        )
 
     jobs = commands.add_parser("jobs", help="streaming jobs that change the table: mutate, ttl, apply-changes")
     jobs_commands = jobs.add_subparsers(dest="action", required=True)
@@ -157,8 +170,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
         tables = maintained_tables(config, args.table)
         if not tables and not args.dead_letters:
             raise ConfigError("table.uri", "no table to maintain: none of the config's tables or --table globs exists")
-        session = _session(args, config, args.action)
-        return _maintain(args, config, session, tables, job_name)
+        return _maintain(args, config, _OnFirstUse(lambda: _session(args, config, args.action)), tables, job_name)
     from kafka2delta import faults
     from kafka2delta.config.validation import check_coordinator_order, job_tables
     from kafka2delta.spark.jobs import check_job_name, check_not_changelog, job_table
@@ -224,7 +236,22 @@ def maintained_tables(config: Config, explicit: list[str]) -> list[str]:
     return list(maintained.values())
 
 
-def _maintain(args: argparse.Namespace, config: Config, session: SparkSession, tables: list[str], job_name: str) -> int:
+class _OnFirstUse:
+    """A Spark session started when a table first needs one (20 s of JVM start, not paid by a delta-rs run)."""
+
+    def __init__(self, start: Callable[[], SparkSession]) -> None:
+        self._start = start
+        self._session: SparkSession | None = None
+
+    def __call__(self) -> SparkSession:
+        if self._session is None:
+            self._session = self._start()
+        return self._session
+
+
+def _maintain(
+    args: argparse.Namespace, config: Config, session: Callable[[], SparkSession], tables: list[str], job_name: str
+) -> int:
     """Each table in its own coordinator turn; a table that fails is reported and the next one is done."""
     from kafka2delta.coordinator import open_coordinator
     from kafka2delta.errors import Kafka2DeltaError
@@ -259,23 +286,25 @@ def _maintain(args: argparse.Namespace, config: Config, session: SparkSession, t
 
 
 def _maintain_one(
-    args: argparse.Namespace, config: Config, session: SparkSession, uri: str, dead_letters: bool
+    args: argparse.Namespace, config: Config, session: Callable[[], SparkSession], uri: str, dead_letters: bool
 ) -> Report:
-    from kafka2delta.spark import maintenance
+    from kafka2delta.spark import maintenance, maintenance_deltalake
 
+    options = config.table.storage_options
+    rs = maintenance_deltalake.uses_deltalake(args.engine, uri)
     if args.action == "optimize":
-        return maintenance.optimize(
-            session,
-            uri,
-            config.table.storage_options,
-            zorder_by=() if dead_letters else args.zorder_by,
-            where="" if dead_letters else args.where,
-            target_file_size=args.target_file_size,
-            purge_deletion_vectors=args.purge_deletion_vectors,
-        )
-    return maintenance.vacuum(
-        session, uri, config.table.storage_options, retain_hours=args.retain_hours, dry_run=args.dry_run
-    )
+        optimize_options: dict[str, Any] = {
+            "zorder_by": () if dead_letters else args.zorder_by,
+            "where": "" if dead_letters else args.where,
+            "target_file_size": args.target_file_size,
+            "purge_deletion_vectors": args.purge_deletion_vectors,
+        }
+        if rs:
+            return maintenance_deltalake.optimize(uri, options, **optimize_options)
+        return maintenance.optimize(session(), uri, options, **optimize_options)
+    if rs:
+        return maintenance_deltalake.vacuum(uri, options, retain_hours=args.retain_hours, dry_run=args.dry_run)
+    return maintenance.vacuum(session(), uri, options, retain_hours=args.retain_hours, dry_run=args.dry_run)
 
 
 def _job(

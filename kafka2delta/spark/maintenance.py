@@ -17,8 +17,8 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from kafka2delta.config import without_credentials
 from kafka2delta.errors import ConfigError, FatalError
@@ -27,6 +27,7 @@ from kafka2delta.spark.report import Report
 from kafka2delta.spark.session import spark_path
 from kafka2delta.spark.tables import (
     DAEMON_FILE,
+    TableStats,
     check_writable,
     data_files,
     logged_adds,
@@ -164,17 +165,13 @@ def optimize(
     from pyspark.errors import PySparkException
 
     started = time.monotonic()
-    check_optimize_options(
-        zorder_by=zorder_by, target_file_size=target_file_size, purge_deletion_vectors=purge_deletion_vectors
+    before = before_optimize(
+        uri,
+        storage_options,
+        zorder_by=zorder_by,
+        target_file_size=target_file_size,
+        purge_deletion_vectors=purge_deletion_vectors,
     )
-    check_writable(uri, storage_options, spark_only_ok=True)
-    if purge_deletion_vectors and not spark_only_table(uri, storage_options):
-        raise ConfigError(
-            "--purge-deletion-vectors",
-            f"only for Spark-only tables ({SPARK_ONLY_PROPERTY}=true, the 'jobs apply-changes' targets): {uri} is "
-            "one the daemon writes, which never has deletion vectors",
-        )
-    before = table_stats(uri, storage_options)
     conf = {}
     if target_file_size is not None:
         conf = {
@@ -204,18 +201,72 @@ def optimize(
     except (PySparkException, Py4JError) as exc:
         # Its commit has landed (or there was none): only the report's versions could not be read.
         raise translate(exc, f"reading the history after {operation}", uri) from exc
+    purged: dict[str, object] = {}
+    if purge_deletion_vectors:
+        vectors = metrics.get("deletionVectorStats") or {}
+        purged["purge"] = "REORG APPLY (PURGE): files with deletion vectors rewritten without their deleted rows"
+        purged["deletion_vectors_removed"] = vectors.get("numDeletionVectorsRemoved", 0)
+        purged["deleted_rows_purged"] = vectors.get("numDeletionVectorRowsRemoved", 0)
+    return optimize_report(
+        uri,
+        started,
+        before,
+        after,
+        metrics,
+        (read_version, commit_version),
+        zorder_by=zorder_by,
+        where=where,
+        target_file_size=target_file_size,
+        extra=purged,
+    )
+
+
+def before_optimize(
+    uri: str,
+    storage_options: Mapping[str, str],
+    *,
+    zorder_by: Sequence[str],
+    target_file_size: int | None,
+    purge_deletion_vectors: bool,
+) -> TableStats:
+    """The checks before an optimize of ``uri`` (its options, a table no one else holds); the table's sizes."""
+    check_optimize_options(
+        zorder_by=zorder_by, target_file_size=target_file_size, purge_deletion_vectors=purge_deletion_vectors
+    )
+    check_writable(uri, storage_options, spark_only_ok=True)
+    if purge_deletion_vectors and not spark_only_table(uri, storage_options):
+        raise ConfigError(
+            "--purge-deletion-vectors",
+            f"only for Spark-only tables ({SPARK_ONLY_PROPERTY}=true, the 'jobs apply-changes' targets): {uri} is "
+            "one the daemon writes, which never has deletion vectors",
+        )
+    return table_stats(uri, storage_options)
+
+
+def optimize_report(
+    uri: str,
+    started: float,
+    before: TableStats,
+    after: TableStats,
+    metrics: Mapping[str, Any],
+    versions: tuple[int | None, int | None],
+    *,
+    zorder_by: Sequence[str],
+    where: str,
+    target_file_size: int | None,
+    extra: Mapping[str, object] = {},
+) -> Report:
+    """What an optimize did: ``metrics`` are its commit's (``numFilesRemoved``, ``filesRemoved.totalSize`` …),
+    ``versions`` the snapshot it read and the version it committed as (None, None: it committed nothing)."""
+    read_version, commit_version = versions
     details: dict[str, object] = {
         "files_removed": metrics.get("numFilesRemoved", 0),
         "files_added": metrics.get("numFilesAdded", 0),
         "bytes_removed": (metrics.get("filesRemoved") or {}).get("totalSize", 0),
         "bytes_added": (metrics.get("filesAdded") or {}).get("totalSize", 0),
         "version": f"{before.version}->{after.version}",
+        **extra,
     }
-    if purge_deletion_vectors:
-        vectors = metrics.get("deletionVectorStats") or {}
-        details["purge"] = "REORG APPLY (PURGE): files with deletion vectors rewritten without their deleted rows"
-        details["deletion_vectors_removed"] = vectors.get("numDeletionVectorsRemoved", 0)
-        details["deleted_rows_purged"] = vectors.get("numDeletionVectorRowsRemoved", 0)
     if before.deletion_vectors or after.deletion_vectors:
         details["files_with_deletion_vectors"] = f"{before.deletion_vectors}->{after.deletion_vectors}"
     if commit_version is not None:
@@ -277,27 +328,47 @@ def vacuum(
     from py4j.protocol import Py4JError
     from pyspark.errors import PySparkException
 
+    root = spark_path(uri).rstrip("/")
+    statement = f"VACUUM delta.`{root.replace('`', '``')}` RETAIN {retain_hours:g} HOURS"
+
+    def run(check_off: bool, listing: bool) -> list[str]:
+        # Set either way: a [spark.conf] that turned the check off for every table must not override a table's own.
+        try:
+            with _SessionConf(session, {RETENTION_CHECK_CONF: "false" if check_off else "true"}):
+                rows = session.sql(f"{statement} DRY RUN" if listing else statement).collect()
+        except (PySparkException, Py4JError) as exc:
+            raise translate(exc, "vacuum", uri) from exc
+        return [_relative(str(row[0]), root) for row in rows] if listing else []
+
+    return checked_vacuum(uri, storage_options, retain_hours=retain_hours, dry_run=dry_run, run=run)
+
+
+def checked_vacuum(
+    uri: str,
+    storage_options: Mapping[str, str],
+    *,
+    retain_hours: float,
+    dry_run: bool,
+    run: Callable[[bool, bool], list[str]],
+) -> Report:
+    """A vacuum of ``uri`` made safe whatever runs it: ``run(check_off, listing)`` vacuums (with the engine's
+    retention check off or on: :func:`retention_check_off`) or, ``listing``, returns the files it would delete,
+    relative to the table root. The dry run comes first; it must name no file the log references, and none may be
+    missing after the real run."""
     started = time.monotonic()
     check_retention(retain_hours)
     check_writable(uri, storage_options, spark_only_ok=True)
     configuration = open_table(uri, storage_options).metadata().configuration
-    # Set either way: a [spark.conf] that turned the check off for every table must not override a table's own.
-    conf = {RETENTION_CHECK_CONF: "false" if retention_check_off(uri, retain_hours, configuration) else "true"}
+    check_off = retention_check_off(uri, retain_hours, configuration)
     stats = table_stats(uri, storage_options)
     on_storage = {f.path: f for f in data_files(uri, storage_options)}
-    root = spark_path(uri).rstrip("/")
-    statement = f"VACUUM delta.`{root.replace('`', '``')}` RETAIN {retain_hours:g} HOURS"
-    try:
-        with _SessionConf(session, conf):
-            candidates = [_relative(str(row[0]), root) for row in session.sql(f"{statement} DRY RUN").collect()]
-            committed = referenced_paths(uri, storage_options)
-            clash = sorted(set(candidates) & committed)
-            if clash:
-                raise FatalError(f"refusing to vacuum {uri}: it would delete committed files {clash[:5]}")
-            if not dry_run:
-                session.sql(statement).collect()
-    except (PySparkException, Py4JError) as exc:
-        raise translate(exc, "vacuum", uri) from exc
+    candidates = run(check_off, True)
+    committed = referenced_paths(uri, storage_options)
+    clash = sorted(set(candidates) & committed)
+    if clash:
+        raise FatalError(f"refusing to vacuum {uri}: it would delete committed files {clash[:5]}")
+    if not dry_run:
+        run(check_off, False)
     ever_added = logged_adds(uri, storage_options)
     orphans = [p for p in candidates if DAEMON_FILE.match(p.rsplit("/", 1)[-1]) and p not in ever_added]
     after = {f.path: f for f in data_files(uri, storage_options)}

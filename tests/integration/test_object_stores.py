@@ -176,3 +176,29 @@ def test_a_second_writer_commits_to_the_table_while_the_daemon_runs(store_setup,
     assert sorted(i for i in ids if i.startswith("w-")) == sorted(written)
     assert len(ids) == len(set(ids)) == 2 * 600 + len(written)
     print(f"{store.name}: second writer {len(written)} rows in 8 commits; versions raced with the daemon: {raced}")
+
+
+def test_maintain_compacts_and_vacuums_there_through_delta_rs_while_the_daemon_runs(
+    store_setup, daemon_factory
+) -> None:
+    """The Spark jobs cannot reach these stores: ``maintain`` takes delta-rs there (``--engine auto``), no JVM."""
+    setup = store_setup(2, allowed_latency_s=0.3)
+    # About 16 s of messages: the daemon still commits small files when maintain compacts them.
+    producer = BackgroundProducer(setup.topic, per_partition=600, chunk=15, pause_s=0.4)
+    daemon = daemon_factory(setup)
+    wait_for(lambda: daemon.log().count("committed version") >= 3, 120, "the daemon's first commits")
+    code, reports = setup.maintain("optimize")
+    assert code == 0 and isinstance(reports, list), reports
+    [compacted] = [r for r in reports if r["table"] == setup.table_uri]
+    assert compacted["status"] == "ok" and compacted["details"]["engine"] == "deltalake", compacted
+    assert compacted["files_after"] < compacted["files_before"], compacted
+    code, reports = setup.maintain("vacuum", "--retain-hours", "1")  # every removed file is younger: none goes
+    assert code == 0 and isinstance(reports, list), reports
+    [vacuumed] = [r for r in reports if r["table"] == setup.table_uri]
+    assert vacuumed["status"] == "ok" and vacuumed["details"]["deleted"] == 0, vacuumed
+    producer.join()
+    assert daemon.stop(120) == 0
+    last = daemon_factory(setup, "--until-caught-up")
+    assert last.wait(180) == 0, last.log()[-3000:]
+    assert_verified(setup, produced=2 * 600, dead_letters=0)
+    print(f"optimize there: {compacted['details']}; vacuum: {vacuumed['details']}")

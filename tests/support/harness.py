@@ -124,6 +124,9 @@ class BackgroundProducer:
             self.ids.extend(topic.produce(min(chunk, start + per_partition - first), start=first))
             time.sleep(pause_s)
 
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
     def join(self) -> list[str]:
         self._thread.join(300)
         assert not self._thread.is_alive()
@@ -231,6 +234,21 @@ class Setup:
             return done.returncode, json.loads(done.stdout)
         except ValueError:
             return done.returncode, done.stdout + done.stderr
+
+    def maintain(self, *argv: str, timeout: float = 300) -> tuple[int, list[dict[str, Any]] | str]:
+        """Run ``kafka2delta maintain <argv> -c <config> --json`` as a process: the exit code and the JSON report of
+        each table (or, when there is none, the output)."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("K2D_")}
+        done = subprocess.run(
+            [sys.executable, "-m", "kafka2delta", "maintain", *argv, "-c", str(self.config_path), "--json"],
+            env=env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        reports = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+        return done.returncode, reports or done.stdout + done.stderr
 
 
 def toml_section(name: str, values: dict[str, Any]) -> list[str]:

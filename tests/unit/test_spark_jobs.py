@@ -24,7 +24,7 @@ from kafka2delta.config import Config, load_config
 from kafka2delta.config.validation import check_coordinator_order, job_tables
 from kafka2delta.coordinator import Coordinator, NoBackend
 from kafka2delta.errors import ConfigError
-from kafka2delta.spark import commands, maintenance, tables
+from kafka2delta.spark import commands, maintenance, maintenance_deltalake, tables
 from kafka2delta.spark.errors import ConflictingCommit, SourceSchemaChanged, SparkJobError, translate
 from kafka2delta.spark.jobs import StreamingJob, TurnJob, job_table, may_hold_rows_before
 from kafka2delta.spark.maintenance import interval_hours, retention_check_off, vacuum
@@ -401,11 +401,43 @@ def test_maintain_gives_a_dead_letter_table_neither_zorder_nor_where(monkeypatch
         where="day = '2024-05-10'",
         target_file_size=None,
         purge_deletion_vectors=False,
+        engine="auto",
     )
-    commands._maintain_one(args, _config(), None, "/data/_dead_letters", dead_letters=True)  # type: ignore[arg-type]
+    commands._maintain_one(args, _config(), lambda: None, "/data/_dead_letters", dead_letters=True)  # type: ignore[arg-type,return-value]
     assert given["zorder_by"] == () and given["where"] == ""
-    commands._maintain_one(args, _config(), None, "/data/events", dead_letters=False)  # type: ignore[arg-type]
+    commands._maintain_one(args, _config(), lambda: None, "/data/events", dead_letters=False)  # type: ignore[arg-type,return-value]
     assert given["zorder_by"] == ["id"] and given["where"] == "day = '2024-05-10'"
+
+
+def test_maintain_reaches_azure_and_gcs_tables_through_delta_rs_without_starting_spark(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    lanes: list[tuple[str, str]] = []
+
+    def lane(name: str) -> Any:
+        def run(*given: Any, **kwargs: Any) -> Report:
+            uri = next(a for a in given if isinstance(a, str))
+            lanes.append((name, uri))
+            return Report("optimize", uri)
+
+        return run
+
+    monkeypatch.setattr(maintenance, "optimize", lane("spark"))
+    monkeypatch.setattr(maintenance_deltalake, "optimize", lane("deltalake"))
+
+    def no_spark() -> Any:
+        raise AssertionError("Spark started for a table delta-rs maintains")
+
+    args = argparse.Namespace(
+        action="optimize", zorder_by=[], where="", target_file_size=None, purge_deletion_vectors=False, engine="auto"
+    )
+    for uri in ("az://lake/events", "abfss://lake@acct.dfs.core.windows.net/events", "gs://lake/events"):
+        commands._maintain_one(args, _config(), no_spark, uri, dead_letters=False)
+    args.engine = "deltalake"
+    commands._maintain_one(args, _config(), no_spark, "/data/events", dead_letters=False)
+    args.engine = "spark"
+    commands._maintain_one(args, _config(), lambda: None, "s3://lake/events", dead_letters=False)  # type: ignore[arg-type,return-value]
+    assert [name for name, _ in lanes] == ["deltalake"] * 4 + ["spark"]
 
 
 # -- 8. a coordinator order that cannot cycle on some table is refused

@@ -1,0 +1,146 @@
+"""``maintain optimize`` and ``maintain vacuum`` through delta-rs, with no Spark and no JVM: the lane for Azure and
+Google Cloud Storage tables, which the Spark jobs cannot reach, and for any table with ``--engine deltalake``.
+
+The same checks and the same report as the Spark lane (:mod:`kafka2delta.spark.maintenance`): a table no other
+writer holds, before and after; a vacuum's dry run first, refused if it names a file the log references, and every
+committed file still there afterwards. delta-rs commits through the same put-if-absent commit as the daemon, so an
+optimize racing the daemon's appends loses nothing: delta-rs checks the winning commits for a conflict (appends of
+new files are none), as Delta does.
+
+What it does not do: ``--where`` (Spark SQL on partition columns; delta-rs takes partition filters of its own) and
+``--purge-deletion-vectors`` (deletion vectors are written by Spark, on the Spark-only tables) are refused naming the
+option; a fractional ``--retain-hours`` is rounded up to whole hours (delta-rs counts whole hours).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from deltalake import CommitProperties
+from deltalake.exceptions import DeltaError
+
+from kafka2delta.errors import ConfigError, RetryableError
+from kafka2delta.spark.maintenance import (
+    DELTA_DEFAULT_RETAIN_HOURS,
+    before_optimize,
+    checked_vacuum,
+    optimize_report,
+)
+from kafka2delta.spark.report import Report
+from kafka2delta.spark.tables import check_writable, open_table, table_stats
+
+MAINTAINED_BY = {"kafka2delta": {"operation": "maintain"}}
+"""The commit info of this lane's commits: a maintenance commit (verify reads no rows out of it)."""
+
+
+def optimize(
+    uri: str,
+    storage_options: Mapping[str, str] = {},
+    *,
+    zorder_by: Sequence[str] = (),
+    where: str = "",
+    target_file_size: int | None = None,
+    purge_deletion_vectors: bool = False,
+) -> Report:
+    """Compact small files into files of ``target_file_size`` bytes (delta-rs's default 100 MiB), or Z-order them
+    by ``zorder_by``, in one commit."""
+    started = time.monotonic()
+    if where:
+        raise ConfigError("--where", f"{uri} is optimized by delta-rs (no Spark): it takes no --where predicate")
+    if purge_deletion_vectors:
+        raise ConfigError(
+            "--purge-deletion-vectors", f"{uri} is optimized by delta-rs, which writes no deletion vectors"
+        )
+    before = before_optimize(
+        uri, storage_options, zorder_by=zorder_by, target_file_size=target_file_size, purge_deletion_vectors=False
+    )
+    table = open_table(uri, storage_options)
+    unknown = [c for c in zorder_by if c not in {f.name for f in table.schema().fields}]
+    if unknown:
+        raise ConfigError("--zorder-by", f"{uri} has no column {', '.join(unknown)}")
+    read_version = table.version()
+    commit = CommitProperties(custom_metadata=MAINTAINED_BY)
+    try:
+        if zorder_by:
+            metrics = table.optimize.z_order(zorder_by, target_size=target_file_size, commit_properties=commit)
+        else:
+            metrics = table.optimize.compact(target_size=target_file_size, commit_properties=commit)
+    except DeltaError as exc:
+        raise _translated(exc, "optimize", uri) from exc
+    except OSError as exc:
+        raise RetryableError(f"optimize {uri}: {exc}") from exc
+    commit_version = table.version() if table.version() != read_version else None
+    check_writable(uri, storage_options, spark_only_ok=True)
+    after = table_stats(uri, storage_options)
+    return optimize_report(
+        uri,
+        started,
+        before,
+        after,
+        _metrics(metrics),
+        (read_version if commit_version is not None else None, commit_version),
+        zorder_by=zorder_by,
+        where="",
+        target_file_size=target_file_size,
+        extra={"engine": "deltalake"},
+    )
+
+
+def vacuum(
+    uri: str,
+    storage_options: Mapping[str, str] = {},
+    *,
+    retain_hours: float = DELTA_DEFAULT_RETAIN_HOURS,
+    dry_run: bool = False,
+) -> Report:
+    """Delete the files that no table version younger than ``retain_hours`` references and that are older than
+    that, a crashed daemon's never-committed files included (delta-rs's full vacuum lists the storage)."""
+    hours = math.ceil(retain_hours)
+
+    def run(check_off: bool, listing: bool) -> list[str]:
+        table = open_table(uri, storage_options)
+        try:
+            return table.vacuum(
+                retention_hours=hours,
+                dry_run=listing,
+                enforce_retention_duration=not check_off,
+                full=True,
+                commit_properties=CommitProperties(custom_metadata=MAINTAINED_BY),
+            )
+        except DeltaError as exc:
+            raise _translated(exc, "vacuum", uri) from exc
+        except OSError as exc:
+            raise RetryableError(f"vacuum {uri}: {exc}") from exc
+
+    report = checked_vacuum(uri, storage_options, retain_hours=hours, dry_run=dry_run, run=run)
+    report.details["engine"] = "deltalake"
+    return report
+
+
+def uses_deltalake(engine: str, uri: str) -> bool:
+    """Whether ``maintain`` runs on ``uri`` through delta-rs: ``--engine deltalake``, or ``auto`` for a table on
+    Azure or Google Cloud Storage (the Spark jobs cannot reach them)."""
+    from kafka2delta.config.sections import AZURE_SCHEMES, GCS_SCHEMES
+
+    if engine != "auto":
+        return engine == "deltalake"
+    return uri.split("://", 1)[0].lower() in AZURE_SCHEMES + GCS_SCHEMES if "://" in uri else False
+
+
+def _metrics(found: Mapping[str, Any]) -> dict[str, Any]:
+    """delta-rs's optimize metrics as Delta's: ``filesAdded``/``filesRemoved`` are JSON text there."""
+    return {
+        name: json.loads(value) if name in ("filesAdded", "filesRemoved") else value for name, value in found.items()
+    }
+
+
+def _translated(exc: DeltaError, what: str, uri: str) -> Exception:
+    """A delta-rs failure: a retention it refuses names ``--retain-hours`` (the table's own retention is checked
+    before, so this is a rule of delta-rs's); anything else is storage or a lost race, for the next run."""
+    if "retention period" in str(exc):
+        return ConfigError("--retain-hours", f"{uri}: {exc}")
+    return RetryableError(f"{what} {uri} failed (the next run tries again): {exc}")
