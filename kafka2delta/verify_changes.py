@@ -76,7 +76,10 @@ class ChangesReport:
     later_unreadable: dict[int, str] = field(default_factory=dict)
     """Commits whose rows cannot be told, by version: why (files vacuumed, deletion vectors …)."""
     log_starts_at: int = 0
-    """Where the log read for those commits starts, when it has been cleaned up (0: not)."""
+    """Where the log read for those commits starts, when it has been cleaned up or has a gap (0: not)."""
+    later_by_value: bool = False
+    """Rows were matched by value (the table has no ``kafka_offset``): a key whose last change brought back the
+    values a job deleted or changed before would be explained too."""
 
     @property
     def truncated(self) -> dict[str, dict[int, int]]:
@@ -118,6 +121,7 @@ class ChangesReport:
                     str(at): {"operation": c.operation, "keys": c.keys} for at, c in sorted(self.later_commits.items())
                 },
                 "later_commits_unreadable": {str(at): why for at, why in sorted(self.later_unreadable.items())},
+                "later_matched_by_value": self.later_by_value,
                 "log_starts_at": self.log_starts_at,
                 "low_watermarks": {topic: {str(p): v for p, v in low.items()} for topic, low in self.low.items()},
             },
@@ -150,21 +154,27 @@ class ChangesReport:
                 lines.append(f"  keys later commits {label}: {len(keys)} (e.g. {shown}; counted, not faults)")
         if self.later_commits:
             shown = ", ".join(f"v{at} {c.operation} {c.keys}" for at, c in sorted(self.later_commits.items())[:_SHOWN])
-            lines.append(f"  later commits not made by the daemon: {shown}")
-        for at, why in sorted(self.later_unreadable.items())[:_SHOWN]:
-            lines.append(f"  what v{at} deleted or changed cannot be told from faults ({why})")
-        if self.log_starts_at:
-            lines.append(
-                f"  the log starts at v{self.log_starts_at} (cleaned up): what older commits deleted or changed "
-                "cannot be told from faults"
-            )
+            lines.append(f"  the commits not made by the daemon that left them so: {shown}")
+            if self.later_by_value:
+                lines.append(
+                    "  (matched by value: the table has no kafka_offset column; table.metadata_columns with "
+                    '"offset" makes the match exact)'
+                )
+        if self.missing or self.different:
+            for at, why in sorted(self.later_unreadable.items())[:_SHOWN]:
+                lines.append(f"  what v{at} deleted or changed cannot be told from faults ({why})")
+            if self.log_starts_at:
+                lines.append(
+                    f"  the log starts at v{self.log_starts_at} (cleaned up, or a gap): what older commits deleted "
+                    "or changed cannot be told from faults"
+                )
         later = [
             f"{label} later {len(keys)}"
             for label, keys in (("deleted", self.deleted_later), ("changed", self.changed_later))
             if keys
         ]
+        said = f" ({', '.join(later)})" if later else ""
         if self.ok:
-            said = f" ({', '.join(later)})" if later else ""
             lines.append(f"  OK: the table holds the last change of each key, and nothing else{said}")
         else:
             counts = [
@@ -180,7 +190,7 @@ class ChangesReport:
             ]
             if self.truncated:
                 counts.append(f"not checkable (retention) in {self.truncated}")
-            lines.append(f"  FAILED: {', '.join(counts + later)}")
+            lines.append(f"  FAILED: {', '.join(counts)}{said}")
         return "\n".join(lines)
 
 
@@ -301,8 +311,10 @@ def check_changes(
         if columns := differs(expected[k], actual[k]):
             report.different.append((k, columns))
     if (report.missing or report.different) and version is not None:
+        # Every compared column, a soft delete's data too: a key's earlier tombstone is not its last one.
+        every_column = partial(_differs, compared, key, False)
         _explain_by_later_commits(
-            report, spec.uri, storage_options, version, key, schema, expected, actual, differs, deadline
+            report, spec.uri, storage_options, version, key, schema, expected, actual, every_column, deadline
         )
     return report
 
@@ -340,7 +352,7 @@ def _explain_by_later_commits(
     report.missing = [k for k in report.missing if k not in found.deleted]
     report.different = [(k, c) for k, c in report.different if k not in found.changed]
     report.later_commits, report.later_unreadable = found.by_version, found.unreadable
-    report.log_starts_at = found.log_starts_at
+    report.log_starts_at, report.later_by_value = found.log_starts_at, found.by_value
 
 
 def _key(row: Mapping[str, Any], key: list[str]) -> Any:

@@ -89,6 +89,7 @@ def deleted_rows(
             if entry is None:  # cleaned up from here down (delta.logRetentionDuration), or a gap
                 found.log_starts_at = at + 1
             elif entry.deletes:
+                deadline.wait(0, lambda: f"reading the data files of {uri} at version {at}")  # noqa: B023 (at once)
                 deleted = _deleted_by(read, at, entry, found)
                 if deleted is not None and deleted.num_rows:
                     found.by_version[at] = DeletingCommit(entry.operation, deleted.num_rows)

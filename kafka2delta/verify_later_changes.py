@@ -8,12 +8,17 @@ from the row its last change should have left (the expected row) and follows the
 in version order: a commit that removed a row equal to the key's current one leaves the key with the row of that key
 it added, or with none. The key is explained when that walk ends with what the table holds: no row for a missing
 key, an equal row for a differing one. A row equal to the expected one matters, not only the key: a delete of the
-key's earlier row, before the daemon wrote its last change, explains nothing (with ``_kafka_offset`` or ``_lsn`` among
-the table's columns, two changes of a key are never equal).
+key's earlier row, before the daemon wrote its last change, explains nothing. Rows are equal when every column the
+check compares is (a soft delete's data columns too, unlike the check itself), so the match is exact only when two
+changes of a key never look alike: with ``kafka_offset`` among the table's columns (``table.metadata_columns``
+with ``"offset"``). Without it, a key whose last change brought back the values of a row a job deleted or changed
+before is matched by value (:attr:`LaterChanges.by_value` says so). A commit that took out more than one row of the
+key (the table held it twice: a fault) or left it twice explains nothing.
 
 The cost, paid only when keys are missing or differ: the log's entries from the table's version down, until every
 such key's expected row is found removed by a commit (all of them when one is not), and the data files of the
-commits not made by the daemon that removed files.
+commits not made by the daemon that removed or added files (each file's key column first, the rest only when it holds
+a key looked for).
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ from kafka2delta.verify_deletes import LogEntry, data_file, log_pages, unreadabl
 from kafka2delta.verify_reading import Deadline
 from kafka2delta.writer import table_filesystem
 
+OFFSET_COLUMN = "kafka_offset"
+"""The column ``table.metadata_columns = [..., "offset"]`` gives the rows: two changes of a key never share it."""
 Row = dict[str, Any]
 Differs = Callable[[Row, Row], list[str]]
 """The columns in which a row differs from the expected one (the first argument): empty when equal."""
@@ -38,7 +45,8 @@ Differs = Callable[[Row, Row], list[str]]
 
 @dataclass(frozen=True)
 class KeyCommit:
-    """A commit not made by the daemon that deleted or changed checked keys."""
+    """A commit not made by the daemon that left checked keys as the table holds them (the last commit of each
+    key's walk: one that an even later commit overrode is not counted)."""
 
     operation: str
     keys: int
@@ -58,6 +66,8 @@ class LaterChanges:
     log_starts_at: int = 0
     """The version after the first entry missing from the log, going down: what older commits did cannot be
     told. 0: none missing, or the walk stopped before."""
+    by_value: bool = False
+    """The table has no ``kafka_offset`` column: rows were matched by their values alone."""
 
 
 @dataclass(frozen=True)
@@ -83,7 +93,7 @@ def later_changes(
     """Which keys of ``held`` (key → the table's row, None when missing) later commits of ``uri`` up to ``version``
     took from their ``expected`` row to the one held, reading the columns of ``schema`` (the table's)."""
     filesystem, root = table_filesystem(uri, storage_options)
-    found = LaterChanges()
+    found = LaterChanges(by_value=OFFSET_COLUMN not in schema.names)
     steps: dict[Any, list[_Step]] = defaultdict(list)  # newest first
     started: set[Any] = set()  # keys whose expected row a read commit removed: the walk has found where theirs start
     operations: dict[int, str] = {}
@@ -92,8 +102,9 @@ def later_changes(
             if entry is None:
                 found.log_starts_at = at + 1
                 continue
-            if not entry.deletes or not (entry.removed or entry.error):
-                continue
+            if not entry.deletes or not (entry.removed or entry.added or entry.error):
+                continue  # (a job's MERGE that only inserted: read, it may bring back a key a job deleted)
+            deadline.wait(0, lambda: f"reading the data files of {uri} at version {at}")  # noqa: B023 (called at once)
             rows = _key_rows(filesystem, root, entry, key, schema, held, found, at)
             if rows is None:
                 continue
@@ -135,8 +146,8 @@ def _walk(expected: Row, steps: Iterable[_Step], differs: Differs) -> tuple[Row 
             continue
         if not any(not differs(row, removed) for removed in step.removed):
             continue  # the commit took out another row of the key (an older one), not this one
-        if len(step.added) > 1:
-            return None
+        if len(step.removed) > 1 or len(step.added) > 1:
+            return None  # the key twice: which row the commit kept cannot be told
         after = step.added[0] if step.added else None
         if after is None or differs(row, after):
             row, last = after, step.version
@@ -184,15 +195,30 @@ def _rows_of(
     wanted = pa.array(first, schema.field(key[0]).type)
     rows: dict[Any, list[Row]] = defaultdict(list)
     for action in files:
-        data = data_file(filesystem, root, action, tuple(schema.names))
-        for name in data.column_names:
-            kind = schema.field(name).type
-            if data.schema.field(name).type != kind:  # a partition value (text), another writer's string_view
-                data = data.set_column(data.column_names.index(name), name, data.column(name).cast(kind))
-        if key[0] not in data.column_names:
+        # The key column first: most files a job rewrote hold none of the keys looked for.
+        keys_here = _typed(data_file(filesystem, root, action, (key[0],)), schema)
+        if (
+            key[0] not in keys_here.column_names
+            or not pc.any(pc.is_in(keys_here.column(key[0]), value_set=wanted)).as_py()
+        ):
             continue
+        data = _typed(data_file(filesystem, root, action, tuple(schema.names)), schema)
         for row in data.filter(pc.is_in(data.column(key[0]), value_set=wanted)).to_pylist():
             k = row[key[0]] if len(key) == 1 else tuple(row.get(c) for c in key)
             if k in keys:
                 rows[k].append(row)
     return rows
+
+
+def _typed(data: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``data``'s columns as ``schema`` types them: a partition value is text (a timestamp's without its zone, as
+    Delta writes it), another writer's text may be string_view."""
+    for name in data.column_names:
+        kind = schema.field(name).type
+        column = data.column(name)
+        if column.type == kind:
+            continue
+        if pa.types.is_timestamp(kind) and kind.tz is not None and pa.types.is_string(column.type):
+            column = column.cast(pa.timestamp(kind.unit))  # Delta's partition value: UTC, written without a zone
+        data = data.set_column(data.column_names.index(name), name, column.cast(kind))
+    return data

@@ -1,6 +1,7 @@
 """The checker's comparison, on synthetic topic offsets and table contents."""
 
 import json
+import time
 from collections.abc import Mapping
 from concurrent.futures import Future
 from functools import partial
@@ -520,3 +521,34 @@ def test_rows_of_files_without_the_topic_column_are_not_another_topics_deletions
     )  # fmt: skip
     assert {p: o.tolist() for p, o in found.offsets.items()} == {0: [0]}  # b's row, by the overwrite with a predicate
     assert [c.operation for c in found.by_version.values()] == ["WRITE"] and found.unreadable == {}
+
+
+def test_the_timeout_bounds_reading_the_files_of_deleting_commits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by review: the log's entries were checked against --timeout, the deleting commits' data files no more."""
+    uri = str(tmp_path / "t")
+    for n in range(4):
+        write_deltalake(
+            uri, pa.table({"kafka_partition": [0] * 3, "kafka_offset": [3 * n, 3 * n + 1, 3 * n + 2]}), mode="append"
+        )
+    for n in range(4):
+        DeltaTable(uri).delete(f"kafka_offset = {3 * n}")
+    data_file = verify_deletes.data_file
+
+    def slow(*args: Any) -> pa.Table:
+        time.sleep(0.2)
+        return data_file(*args)
+
+    monkeypatch.setattr(verify_deletes, "data_file", slow)
+    missing = {0: np.array([0, 3, 6, 9], np.int64)}
+
+    def deleted(deadline: Deadline) -> verify_deletes.Deletions:
+        version = DeltaTable(uri).version()
+        return verify_deletes.deleted_rows(
+            uri, {}, version, "kafka_partition", "kafka_offset", lambda schema: None, (), missing, deadline
+        )
+
+    assert set(deleted(Deadline(None)).by_version) == {4, 5, 6, 7}
+    with pytest.raises(RetryableError, match=r"reading the data files of .* at version \d+: timed out after 0.5 s"):
+        deleted(Deadline(0.5))
