@@ -23,10 +23,11 @@ what the tests need around the emulator's own atomic put-if-absent:
   API (``ETag``, ``x-goog-generation``, an XML error). The parts of XML multipart uploads are kept in the
   proxy and stored with one media upload on completion (deltalake's Parquet writer streams files as multipart
   uploads). Copies (``x-goog-copy-source``) are not translated: they get 501, so nothing silently misbehaves
-  (delta-rs never copies). fake-gcs-server's XML listing also ignores ``start-after``, with which object_store
+  (delta-rs never copies). An XML ``DELETE`` of an object (``maintain vacuum``) is the JSON API's delete.
+  fake-gcs-server's XML listing also ignores ``start-after``, with which object_store
   lists a log from a known version: the proxy drops those keys.
 
-Everything else (GET, HEAD, DELETE, Azure's blob and block calls) passes through unchanged.
+Everything else (GET, HEAD, Azure's blob and block calls, Azure's DELETE) passes through unchanged.
 The proxy runs in a process of its own because deltalake holds the GIL while it waits for storage.
 """
 
@@ -218,6 +219,13 @@ class Handler(BaseHTTPRequestHandler):
                 {**headers, **xml},
                 f"<CompleteMultipartUploadResult><ETag>{headers['ETag']}</ETag></CompleteMultipartUploadResult>".encode(),
             )
+        if self.command == "DELETE":  # of an object (``maintain vacuum``): the JSON API's delete
+            gone = self._forward(state, "DELETE", f"/storage/v1/b/{quote(bucket)}/o/{quote(name, safe='')}", {}, b"")
+            if gone is None:
+                return None
+            if gone[0] == 404:
+                return 404, xml, _error("NoSuchKey", name)
+            return (204, {}, b"") if 200 <= gone[0] < 300 else (gone[0], xml, _error("Error", gone[2].decode()[:500]))
         if self.command != "PUT":
             return 501, xml, _error("NotImplemented", f"{self.command} {split.path} is not translated")
         conditions = {}

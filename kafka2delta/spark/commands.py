@@ -76,7 +76,7 @@ _TABLE_HELP = (
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``maintain`` and ``jobs`` subcommands (and their arguments) to the CLI."""
-    maintain = commands.add_parser("maintain", help="table maintenance with Spark: optimize, vacuum")
+    maintain = commands.add_parser("maintain", help="table maintenance: optimize, vacuum (Spark, or delta-rs)")
     maintain_commands = maintain.add_subparsers(dest="action", required=True)
     optimize = maintain_commands.add_parser("optimize", help="compact small files (bin-packing) or Z-order them")
     _common(optimize)
@@ -170,7 +170,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
         tables = maintained_tables(config, args.table)
         if not tables and not args.dead_letters:
             raise ConfigError("table.uri", "no table to maintain: none of the config's tables or --table globs exists")
-        return _maintain(args, config, _OnFirstUse(lambda: _session(args, config, args.action)), tables, job_name)
+        return _maintain(args, config, lambda: _session(args, config, args.action), tables, job_name)
     from kafka2delta import faults
     from kafka2delta.config.validation import check_coordinator_order, job_tables
     from kafka2delta.spark.jobs import check_job_name, check_not_changelog, job_table
@@ -236,31 +236,21 @@ def maintained_tables(config: Config, explicit: list[str]) -> list[str]:
     return list(maintained.values())
 
 
-class _OnFirstUse:
-    """A Spark session started when a table first needs one (20 s of JVM start, not paid by a delta-rs run)."""
-
-    def __init__(self, start: Callable[[], SparkSession]) -> None:
-        self._start = start
-        self._session: SparkSession | None = None
-
-    def __call__(self) -> SparkSession:
-        if self._session is None:
-            self._session = self._start()
-        return self._session
-
-
 def _maintain(
-    args: argparse.Namespace, config: Config, session: Callable[[], SparkSession], tables: list[str], job_name: str
+    args: argparse.Namespace, config: Config, start_spark: Callable[[], SparkSession], tables: list[str], job_name: str
 ) -> int:
-    """Each table in its own coordinator turn; a table that fails is reported and the next one is done."""
+    """Each table in its own coordinator turn; a table that fails is reported and the next one is done. Spark is
+    started first if a table needs it (not inside a turn: its 20 s would hold the table's lock), else never."""
     from kafka2delta.coordinator import open_coordinator
     from kafka2delta.errors import Kafka2DeltaError
+    from kafka2delta.spark.maintenance_deltalake import uses_deltalake
     from kafka2delta.spark.report import Report
     from kafka2delta.spark.tables import dead_letter_tables
 
     failed = config_errors = 0
     letters = dead_letter_tables(config) if args.dead_letters else []
     uris = tables + letters
+    session = start_spark() if any(not uses_deltalake(args.engine, uri) for uri in uris) else None
     for uri in uris:
         coordinator = open_coordinator(config.coordinator, uri)
         try:
@@ -286,7 +276,7 @@ def _maintain(
 
 
 def _maintain_one(
-    args: argparse.Namespace, config: Config, session: Callable[[], SparkSession], uri: str, dead_letters: bool
+    args: argparse.Namespace, config: Config, session: SparkSession | None, uri: str, dead_letters: bool
 ) -> Report:
     from kafka2delta.spark import maintenance, maintenance_deltalake
 
@@ -301,10 +291,12 @@ def _maintain_one(
         }
         if rs:
             return maintenance_deltalake.optimize(uri, options, **optimize_options)
-        return maintenance.optimize(session(), uri, options, **optimize_options)
+        assert session is not None  # started for the tables Spark maintains
+        return maintenance.optimize(session, uri, options, **optimize_options)
     if rs:
         return maintenance_deltalake.vacuum(uri, options, retain_hours=args.retain_hours, dry_run=args.dry_run)
-    return maintenance.vacuum(session(), uri, options, retain_hours=args.retain_hours, dry_run=args.dry_run)
+    assert session is not None
+    return maintenance.vacuum(session, uri, options, retain_hours=args.retain_hours, dry_run=args.dry_run)
 
 
 def _job(

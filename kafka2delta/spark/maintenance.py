@@ -15,6 +15,7 @@ stay until vacuum).
 from __future__ import annotations
 
 import logging
+import math
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -81,7 +82,7 @@ def check_optimize_options(
 
 def check_retention(retain_hours: float) -> None:
     """A retention too short for a live daemon's files, refused before any Spark work."""
-    if retain_hours < MIN_RETAIN_HOURS:
+    if not math.isfinite(retain_hours) or retain_hours < MIN_RETAIN_HOURS:
         raise ConfigError(
             "--retain-hours",
             f"expected at least {MIN_RETAIN_HOURS:g} hour: a daemon's new file stays uncommitted for a moment, "

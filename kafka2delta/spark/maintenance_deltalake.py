@@ -1,5 +1,6 @@
 """``maintain optimize`` and ``maintain vacuum`` through delta-rs, with no Spark and no JVM: the lane for Azure and
-Google Cloud Storage tables, which the Spark jobs cannot reach, and for any table with ``--engine deltalake``.
+Google Cloud Storage tables, which the Spark jobs cannot reach, and for any table the daemon writes with
+``--engine deltalake``.
 
 The same checks and the same report as the Spark lane (:mod:`kafka2delta.spark.maintenance`): a table no other
 writer holds, before and after; a vacuum's dry run first, refused if it names a file the log references, and every
@@ -7,9 +8,16 @@ committed file still there afterwards. delta-rs commits through the same put-if-
 optimize racing the daemon's appends loses nothing: delta-rs checks the winning commits for a conflict (appends of
 new files are none), as Delta does.
 
-What it does not do: ``--where`` (Spark SQL on partition columns; delta-rs takes partition filters of its own) and
-``--purge-deletion-vectors`` (deletion vectors are written by Spark, on the Spark-only tables) are refused naming the
-option; a fractional ``--retain-hours`` is rounded up to whole hours (delta-rs counts whole hours).
+The vacuum lists through delta-rs (its full vacuum: every file older than the retention that no version within it
+references, a crashed daemon's never-committed files included) and deletes what it listed itself, less what Spark's
+VACUUM would keep: a name starting with ``_`` or ``.`` anywhere in the path (``_change_data``, a nested table's
+``_delta_log``, ``.crc`` sidecars; partition directories ``_p=…`` excepted), which delta-rs hides only at the top.
+
+What it does not do: the Spark-only tables (``jobs apply-changes`` targets) are refused naming ``--engine``: delta-rs
+vacuums the deletion-vector files they still reference (found by review) and cannot write all their features.
+``--where`` (Spark SQL on partition columns; delta-rs takes partition filters of its own) and
+``--purge-deletion-vectors`` are refused naming the option; a fractional ``--retain-hours`` is rounded up to whole
+hours (delta-rs counts whole hours); the files it writes are zstd-compressed, whatever the daemon's ``compression``.
 """
 
 from __future__ import annotations
@@ -21,20 +29,23 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from deltalake import CommitProperties
-from deltalake.exceptions import DeltaError
+from deltalake.exceptions import DeltaError, DeltaProtocolError
 
 from kafka2delta.errors import ConfigError, RetryableError
 from kafka2delta.spark.maintenance import (
     DELTA_DEFAULT_RETAIN_HOURS,
     before_optimize,
+    check_retention,
     checked_vacuum,
     optimize_report,
 )
 from kafka2delta.spark.report import Report
-from kafka2delta.spark.tables import check_writable, open_table, table_stats
+from kafka2delta.spark.tables import check_writable, open_table, spark_only_table, table_stats
+from kafka2delta.writer import SPARK_ONLY_PROPERTY, table_filesystem
 
 MAINTAINED_BY = {"kafka2delta": {"operation": "maintain"}}
-"""The commit info of this lane's commits: a maintenance commit (verify reads no rows out of it)."""
+"""The commit info of this lane's commits, the key the daemon's own commits carry: ``verify`` and ``status`` read
+them as maintenance, never as another writer's."""
 
 
 def optimize(
@@ -55,13 +66,17 @@ def optimize(
         raise ConfigError(
             "--purge-deletion-vectors", f"{uri} is optimized by delta-rs, which writes no deletion vectors"
         )
+    _refuse_spark_only(uri, storage_options)
     before = before_optimize(
         uri, storage_options, zorder_by=zorder_by, target_file_size=target_file_size, purge_deletion_vectors=False
     )
     table = open_table(uri, storage_options)
     unknown = [c for c in zorder_by if c not in {f.name for f in table.schema().fields}]
     if unknown:
-        raise ConfigError("--zorder-by", f"{uri} has no column {', '.join(unknown)}")
+        raise ConfigError("--zorder-by", f"{uri} has no top-level column {', '.join(unknown)}")
+    partitioned = [c for c in zorder_by if c in table.metadata().partition_columns]
+    if partitioned:
+        raise ConfigError("--zorder-by", f"{', '.join(partitioned)}: a partition column of {uri} (Z-order the others)")
     read_version = table.version()
     commit = CommitProperties(custom_metadata=MAINTAINED_BY)
     try:
@@ -98,27 +113,59 @@ def vacuum(
     dry_run: bool = False,
 ) -> Report:
     """Delete the files that no table version younger than ``retain_hours`` references and that are older than
-    that, a crashed daemon's never-committed files included (delta-rs's full vacuum lists the storage)."""
+    that, a crashed daemon's never-committed files included (delta-rs's full vacuum lists the storage), less the
+    hidden ones Spark's VACUUM keeps (:func:`spark_would_keep`)."""
+    check_retention(retain_hours)  # before it is rounded up
+    _refuse_spark_only(uri, storage_options)
     hours = math.ceil(retain_hours)
+    listed: list[str] = []
 
     def run(check_off: bool, listing: bool) -> list[str]:
+        if not listing:
+            delete_files(uri, storage_options, listed)
+            return listed
         table = open_table(uri, storage_options)
         try:
-            return table.vacuum(
-                retention_hours=hours,
-                dry_run=listing,
-                enforce_retention_duration=not check_off,
-                full=True,
-                commit_properties=CommitProperties(custom_metadata=MAINTAINED_BY),
+            found = table.vacuum(
+                retention_hours=int(hours), dry_run=True, enforce_retention_duration=not check_off, full=True
             )
         except DeltaError as exc:
             raise _translated(exc, "vacuum", uri) from exc
         except OSError as exc:
             raise RetryableError(f"vacuum {uri}: {exc}") from exc
+        listed[:] = [path for path in found if not spark_would_keep(path)]
+        return listed
 
     report = checked_vacuum(uri, storage_options, retain_hours=hours, dry_run=dry_run, run=run)
     report.details["engine"] = "deltalake"
     return report
+
+
+def spark_would_keep(path: str) -> bool:
+    """Whether Spark's VACUUM keeps an unreferenced file at ``path`` (relative to the table root): a hidden name
+    anywhere in it, ``_`` or ``.`` first (a partition directory, ``name=value``, is not hidden)."""
+    return any(part.startswith(("_", ".")) and "=" not in part for part in path.split("/"))
+
+
+def delete_files(uri: str, storage_options: Mapping[str, str], paths: list[str]) -> None:
+    """Delete the files ``paths`` (relative to the root of ``uri``); one already gone is no error."""
+    filesystem, root = table_filesystem(uri, storage_options)
+    for path in paths:
+        try:
+            filesystem.delete_file(f"{root.rstrip('/')}/{path}")
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise RetryableError(f"vacuum {uri}: deleting {path}: {exc}") from exc
+
+
+def _refuse_spark_only(uri: str, storage_options: Mapping[str, str]) -> None:
+    if spark_only_table(uri, storage_options):
+        raise ConfigError(
+            "--engine",
+            f"{uri} is Spark-only ({SPARK_ONLY_PROPERTY}=true, a 'jobs apply-changes' target, with deletion vectors): "
+            "maintain it with --engine spark (delta-rs would vacuum the deletion-vector files it references)",
+        )
 
 
 def uses_deltalake(engine: str, uri: str) -> bool:
@@ -140,7 +187,10 @@ def _metrics(found: Mapping[str, Any]) -> dict[str, Any]:
 
 def _translated(exc: DeltaError, what: str, uri: str) -> Exception:
     """A delta-rs failure: a retention it refuses names ``--retain-hours`` (the table's own retention is checked
-    before, so this is a rule of delta-rs's); anything else is storage or a lost race, for the next run."""
+    before, so this is a rule of delta-rs's), a table feature it cannot write names ``--engine``; anything else is
+    storage or a lost race, for the next run."""
     if "retention period" in str(exc):
         return ConfigError("--retain-hours", f"{uri}: {exc}")
+    if isinstance(exc, DeltaProtocolError):
+        return ConfigError("--engine", f"{what} {uri}: delta-rs cannot write this table ({exc}): use --engine spark")
     return RetryableError(f"{what} {uri} failed (the next run tries again): {exc}")

@@ -12,9 +12,8 @@ from typing import Any
 
 import pytest
 
-from kafka2delta.errors import RetryableError
 from kafka2delta.spark import maintenance_deltalake
-from kafka2delta.spark.tables import data_files, referenced_paths
+from kafka2delta.spark.tables import data_files, open_table, referenced_paths
 from tests.support.chaos import FAST_GROUP
 from tests.support.harness import BackgroundProducer, Daemon, Setup, assert_exactly_once, wait_for
 
@@ -31,7 +30,7 @@ def maintain(setup: Setup, *argv: str) -> dict[str, Any]:
 
 
 def test_delta_rs_vacuums_a_killed_daemons_orphans_only_and_compacts_while_the_daemon_commits(
-    setup_factory: Callable[..., Setup], daemon_factory: Callable[..., Daemon]
+    setup_factory: Callable[..., Setup], daemon_factory: Callable[..., Daemon], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     setup = setup_factory(2, max_messages_per_file=50)
     produced = setup.topic.produce(100)
@@ -55,23 +54,24 @@ def test_delta_rs_vacuums_a_killed_daemons_orphans_only_and_compacts_while_the_d
 
     # Compaction while the daemon commits small files: no row lost or doubled, and its txns are kept.
     daemon = daemon_factory(setup, env={"K2D_INGEST__ALLOWED_LATENCY_S": "0.2"})
-    producer = BackgroundProducer(setup.topic, 1_500, start=100, chunk=20, pause_s=0.05)
+    producer = BackgroundProducer(setup.topic, 1_500, start=100, chunk=10, pause_s=0.1)  # 15 s and more
     wait_for(lambda: len(setup.ids()) > 300, 60, "the daemon's commits")
     first = maintain(setup, "optimize", "--engine", "deltalake")
     assert first["files_after"] < first["files_before"] and first["details"]["files_removed"] > 1, first
-    raced = lost_races = 0
-    while producer.running():  # in this process: many compactions, each a race with the daemon's commits
-        try:
-            compacted = maintenance_deltalake.optimize(setup.table_uri)
-        except RetryableError:
-            lost_races += 1  # a conflict delta-rs would not resolve: nothing committed, the next run tries again
-            continue
-        raced += compacted.details.get("concurrent_commits", 0) > 0
+    # A compaction that read the table before the daemon's next two commits: it commits after them, losing none.
+    compacted = first["details"]["commit_version"]
+    wait_for(lambda: setup.table().version() >= compacted + 2, 60, "new small files")
+    stale = open_table(setup.table_uri)
+    read = stale.version()
+    wait_for(lambda: setup.table().version() >= read + 2, 60, "two more commits of the daemon")
+    monkeypatch.setattr(maintenance_deltalake, "open_table", lambda *args, **kwargs: stale)
+    raced = maintenance_deltalake.optimize(setup.table_uri)
+    assert raced.details["read_version"] == read and raced.details["concurrent_commits"] >= 2, raced.details
     produced += producer.join()
     wait_for(lambda: len(setup.ids()) >= len(produced), 120, "every row")
     assert daemon.stop() == 0, daemon.log()[-3000:]
     assert_exactly_once(setup, produced)
-    print(f"optimize (delta-rs) while the daemon committed: {raced} committed after daemon commits, {lost_races} lost")
+    print(f"optimize (delta-rs) that read v{read} while the daemon committed: {raced.details}")
     version = setup.table().version()
     assert daemon_factory(setup, "--until-caught-up").wait(120) == 0
     assert setup.table().version() == version  # the txns say everything is in: nothing replayed

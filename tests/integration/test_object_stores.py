@@ -15,6 +15,9 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
+from kafka2delta.spark.maintenance_deltalake import delete_files
+from kafka2delta.spark.tables import data_files
+from kafka2delta.writer import table_filesystem
 from tests.support.harness import BackgroundProducer, Message, Setup, wait_for
 from tests.support.object_stores import STORES, Store, StoreName, start_store
 
@@ -196,6 +199,14 @@ def test_maintain_compacts_and_vacuums_there_through_delta_rs_while_the_daemon_r
     assert code == 0 and isinstance(reports, list), reports
     [vacuumed] = [r for r in reports if r["table"] == setup.table_uri]
     assert vacuumed["status"] == "ok" and vacuumed["details"]["deleted"] == 0, vacuumed
+    # An orphan cannot be aged on the emulators: the deletion itself, by the path form the listing gives.
+    filesystem, root = table_filesystem(setup.table_uri, setup.storage_options)
+    # Through a buffer, as the daemon writes there: delta-rs's object_store streams take bytes only.
+    with pa.BufferedOutputStream(filesystem.open_output_stream(f"{root}/part-00000-orphan.parquet"), 1024) as out:
+        out.write(b"never committed")
+    assert "part-00000-orphan.parquet" in {f.path for f in data_files(setup.table_uri, setup.storage_options)}
+    delete_files(setup.table_uri, setup.storage_options, ["part-00000-orphan.parquet"])
+    assert "part-00000-orphan.parquet" not in {f.path for f in data_files(setup.table_uri, setup.storage_options)}
     producer.join()
     assert daemon.stop(120) == 0
     last = daemon_factory(setup, "--until-caught-up")

@@ -403,9 +403,10 @@ def test_maintain_gives_a_dead_letter_table_neither_zorder_nor_where(monkeypatch
         purge_deletion_vectors=False,
         engine="auto",
     )
-    commands._maintain_one(args, _config(), lambda: None, "/data/_dead_letters", dead_letters=True)  # type: ignore[arg-type,return-value]
+    session: Any = object()
+    commands._maintain_one(args, _config(), session, "/data/_dead_letters", dead_letters=True)
     assert given["zorder_by"] == () and given["where"] == ""
-    commands._maintain_one(args, _config(), lambda: None, "/data/events", dead_letters=False)  # type: ignore[arg-type,return-value]
+    commands._maintain_one(args, _config(), session, "/data/events", dead_letters=False)
     assert given["zorder_by"] == ["id"] and given["where"] == "day = '2024-05-10'"
 
 
@@ -425,18 +426,31 @@ def test_maintain_reaches_azure_and_gcs_tables_through_delta_rs_without_starting
     monkeypatch.setattr(maintenance, "optimize", lane("spark"))
     monkeypatch.setattr(maintenance_deltalake, "optimize", lane("deltalake"))
 
-    def no_spark() -> Any:
-        raise AssertionError("Spark started for a table delta-rs maintains")
+    started: list[str] = []
+
+    def start_spark() -> Any:
+        started.append("spark")
+        return object()
 
     args = argparse.Namespace(
-        action="optimize", zorder_by=[], where="", target_file_size=None, purge_deletion_vectors=False, engine="auto"
+        action="optimize",
+        zorder_by=[],
+        where="",
+        target_file_size=None,
+        purge_deletion_vectors=False,
+        engine="auto",
+        dead_letters=False,
+        json=True,
     )
-    for uri in ("az://lake/events", "abfss://lake@acct.dfs.core.windows.net/events", "gs://lake/events"):
-        commands._maintain_one(args, _config(), no_spark, uri, dead_letters=False)
+    cloud = ["az://lake/events", "abfss://lake@acct.dfs.core.windows.net/events", "gs://lake/events"]
+    assert commands._maintain(args, _config(), start_spark, cloud, "optimize") == 0
+    assert started == []  # no JVM for tables delta-rs maintains
     args.engine = "deltalake"
-    commands._maintain_one(args, _config(), no_spark, "/data/events", dead_letters=False)
+    assert commands._maintain(args, _config(), start_spark, ["/data/events"], "optimize") == 0
+    assert started == []
     args.engine = "spark"
-    commands._maintain_one(args, _config(), lambda: None, "s3://lake/events", dead_letters=False)  # type: ignore[arg-type,return-value]
+    assert commands._maintain(args, _config(), start_spark, ["s3://lake/events"], "optimize") == 0
+    assert started == ["spark"]
     assert [name for name, _ in lanes] == ["deltalake"] * 4 + ["spark"]
 
 

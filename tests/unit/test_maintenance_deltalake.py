@@ -1,0 +1,84 @@
+"""``maintain`` through delta-rs on local tables: what its vacuum deletes and keeps, and what it refuses."""
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from deltalake import write_deltalake
+
+from kafka2delta.errors import ConfigError
+from kafka2delta.spark.maintenance_deltalake import optimize, spark_would_keep, vacuum
+from kafka2delta.spark.tables import data_files, referenced_paths
+from kafka2delta.writer import SPARK_ONLY_PROPERTY
+
+
+def _table(tmp_path: Path) -> str:
+    uri = str(tmp_path / "t")
+    for n in range(3):
+        write_deltalake(uri, pa.table({"id": [n * 2, n * 2 + 1], "p": ["a", "b"]}), mode="append", partition_by=["p"])
+    return uri
+
+
+def _age(uri: str, hours: float) -> None:
+    old = time.time() - hours * 3600
+    for root, _, files in os.walk(uri):
+        for name in files:
+            if "_delta_log" not in root:
+                os.utime(os.path.join(root, name), (old, old))
+
+
+def test_vacuum_deletes_old_orphans_and_keeps_committed_young_and_hidden_files(tmp_path: Path) -> None:
+    uri = _table(tmp_path)
+    orphans = ["p=a/part-00000-orphan.parquet", "notes.txt"]
+    hidden = ["p=a/_tmp.parquet", "p=a/.part-0.crc", "_change_data/cdc-0.parquet", "nested/_delta_log/0.json"]
+    for path in orphans + hidden:
+        os.makedirs(os.path.dirname(os.path.join(uri, path)) or uri, exist_ok=True)
+        Path(uri, path).write_bytes(b"x")
+    _age(uri, 3)
+    Path(uri, "p=b/part-00001-young.parquet").write_bytes(b"x")  # an uncommitted file of a live writer: too young
+    committed = referenced_paths(uri)
+
+    dry = vacuum(uri, retain_hours=1.5, dry_run=True)
+    assert dry.details["would_delete"] == 2 and dry.details["retain_hours"] == "2"  # whole hours, rounded up
+    assert all(Path(uri, path).exists() for path in orphans)
+    report = vacuum(uri, retain_hours=1.5)
+    assert report.status == "ok" and report.details["deleted"] == 2 and report.details["engine"] == "deltalake"
+    assert not any(Path(uri, path).exists() for path in orphans)
+    assert all(Path(uri, path).exists() for path in hidden) and Path(uri, "p=b/part-00001-young.parquet").exists()
+    assert committed <= {f.path for f in data_files(uri)}
+
+
+def test_spark_would_keep_hidden_names_at_any_depth_but_not_partition_directories() -> None:
+    assert spark_would_keep("_change_data/x.parquet") and spark_would_keep("p=a/.x.crc")
+    assert spark_would_keep("a/b/_tmp") and not spark_would_keep("_p=1/part-0.parquet")
+    assert not spark_would_keep("p=a/part-0.parquet") and not spark_would_keep("part-0.parquet")
+
+
+def test_spark_only_tables_partition_zorder_columns_and_a_retention_that_is_no_number_are_refused(
+    tmp_path: Path,
+) -> None:
+    uri = _table(tmp_path)
+    with pytest.raises(ConfigError, match=r"--zorder-by.*partition column"):
+        optimize(uri, zorder_by=["p"])
+    with pytest.raises(ConfigError, match=r"--zorder-by.*no top-level column missing"):
+        optimize(uri, zorder_by=["missing"])
+    with pytest.raises(ConfigError, match="--where"):
+        optimize(uri, where="p = 'a'")
+    for hours in (math.nan, math.inf, 0.5):
+        with pytest.raises(ConfigError, match="--retain-hours"):
+            vacuum(uri, retain_hours=hours)
+    spark_only = _table(tmp_path / "s")
+    # As Spark's CREATE TABLE … TBLPROPERTIES writes it (delta-rs creates no table with a property it does not know).
+    first = Path(spark_only, "_delta_log", "00000000000000000000.json")
+    actions = [json.loads(line) for line in first.read_text().splitlines()]
+    for action in actions:
+        if "metaData" in action:
+            action["metaData"]["configuration"][SPARK_ONLY_PROPERTY] = "true"
+    first.write_text("".join(json.dumps(action) + "\n" for action in actions))
+    for run in (lambda: optimize(spark_only), lambda: vacuum(spark_only)):
+        with pytest.raises(ConfigError, match=r"--engine.*Spark-only"):
+            run()
