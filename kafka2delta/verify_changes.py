@@ -29,6 +29,7 @@ from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from kafka2delta.changes import DELETE_FLAG, DELETED_COLUMN, last_changes_of
 from kafka2delta.changes.collapse import UNAVAILABLE_FLAG
+from kafka2delta.changes.options import CHANGE_COLUMNS
 from kafka2delta.config import Config
 from kafka2delta.errors import ConfigError, RetryableError
 from kafka2delta.kafka import topic_partitions
@@ -47,6 +48,9 @@ from kafka2delta.verify_reading import (
 )
 
 _SHOWN = 10
+CHANGE_COLUMN_NAMES = frozenset(name for name, _ in CHANGE_COLUMNS.values())
+OFFSET_COLUMN, LSN_COLUMN = "kafka_offset", CHANGE_COLUMNS["lsn"][0]
+"""Columns unique per change of a key, when the table has them: the Kafka offset, the source position."""
 
 
 @dataclass
@@ -78,8 +82,9 @@ class ChangesReport:
     log_starts_at: int = 0
     """Where the log read for those commits starts, when it has been cleaned up or has a gap (0: not)."""
     later_by_value: bool = False
-    """Rows were matched by value (the table has no ``kafka_offset``): a key whose last change brought back the
-    values a job deleted or changed before would be explained too."""
+    """Rows were matched by value (the table has no column unique per change: ``kafka_offset`` or ``_lsn``, and
+    ``_lsn`` for soft deletes): a key whose last change brought back the values a job deleted or changed before
+    would be explained too."""
 
     @property
     def truncated(self) -> dict[str, dict[int, int]]:
@@ -157,8 +162,8 @@ class ChangesReport:
             lines.append(f"  the commits not made by the daemon that left them so: {shown}")
             if self.later_by_value:
                 lines.append(
-                    "  (matched by value: the table has no kafka_offset column; table.metadata_columns with "
-                    '"offset" makes the match exact)'
+                    '  (matched by value: no column is unique per change; table.metadata_columns with "offset" '
+                    "makes the match exact, and _lsn (table.change_columns) for soft deletes)"
                 )
         if self.missing or self.different:
             for at, why in sorted(self.later_unreadable.items())[:_SHOWN]:
@@ -306,26 +311,30 @@ def check_changes(
     # The one fault a per-key dict would hide: the same key twice, an insert where an update was due (found by review).
     report.duplicated = sorted((k for k, count in held.items() if count > 1), key=repr)
     compared = [c for c in expected_schema.names if c in schema.names]
-    differs = partial(_differs, compared, key, soft)
+    differs = partial(_differs, compared, [*key, DELETED_COLUMN], soft)
     for k in sorted(set(expected) & set(actual), key=repr):
         if columns := differs(expected[k], actual[k]):
             report.different.append((k, columns))
     if (report.missing or report.different) and version is not None:
-        # Every compared column, a soft delete's data too: a key's earlier tombstone is not its last one.
-        every_column = partial(_differs, compared, key, False)
+        # A soft delete's change columns too (its _lsn, _op, _source_ts): a key's earlier tombstone is not its last.
+        tombstone = [*key, DELETED_COLUMN, *(c for c in compared if c in CHANGE_COLUMN_NAMES)]
+        walked = partial(_differs, compared, tombstone, soft)
+        # Unique per change: the Kafka offset, or the source position (the one column a soft delete sets uniquely).
+        by_value = not ({OFFSET_COLUMN, LSN_COLUMN} & set(schema.names)) or (soft and LSN_COLUMN not in schema.names)
         _explain_by_later_commits(
-            report, spec.uri, storage_options, version, key, schema, expected, actual, every_column, deadline
+            report, spec.uri, storage_options, version, key, schema, expected, actual, walked, deadline, by_value
         )
     return report
 
 
 def _differs(
-    compared: list[str], key: list[str], soft: bool, want: Mapping[str, Any], got: Mapping[str, Any]
+    compared: list[str], tombstone: list[str], soft: bool, want: Mapping[str, Any], got: Mapping[str, Any]
 ) -> list[str]:
     """The columns of ``compared`` in which ``got`` differs from the expected row ``want`` (a soft-deleted key: only
-    its key and ``_deleted``)."""
+    those of ``tombstone``, its key and ``_deleted`` and maybe the change columns: the daemon's soft delete keeps the
+    row's data)."""
     if soft and want.get(DELETED_COLUMN):
-        compared = [c for c in compared if c in key or c == DELETED_COLUMN]
+        compared = [c for c in compared if c in tombstone or c == DELETED_COLUMN]
     # A TOASTed value no change in the history gave (retention deleted it) is the table's to keep.
     return [c for c in compared if want.get(c) != got.get(c) and not want.get(UNAVAILABLE_FLAG + c)]
 
@@ -341,9 +350,11 @@ def _explain_by_later_commits(
     actual: Mapping[Any, dict[str, Any]],
     differs: Callable[[dict[str, Any], dict[str, Any]], list[str]],
     deadline: Deadline,
+    by_value: bool,
 ) -> None:
     """Move the missing and differing keys that commits not made by the daemon deleted or changed (``jobs ttl``,
-    ``jobs mutate``) from the faults to ``deleted_later`` and ``changed_later``."""
+    ``jobs mutate``) from the faults to ``deleted_later`` and ``changed_later``. ``by_value``: no column of the rows
+    compared is unique per change (said in the report)."""
     held: dict[Any, dict[str, Any] | None] = {k: None for k in report.missing}
     held.update((k, actual[k]) for k, _ in report.different)
     found = later_changes(uri, storage_options, version, key, schema, expected, held, differs, deadline)
@@ -352,7 +363,7 @@ def _explain_by_later_commits(
     report.missing = [k for k in report.missing if k not in found.deleted]
     report.different = [(k, c) for k, c in report.different if k not in found.changed]
     report.later_commits, report.later_unreadable = found.by_version, found.unreadable
-    report.log_starts_at, report.later_by_value = found.log_starts_at, found.by_value
+    report.log_starts_at, report.later_by_value = found.log_starts_at, by_value
 
 
 def _key(row: Mapping[str, Any], key: list[str]) -> Any:

@@ -229,6 +229,7 @@ def data_file(filesystem: pa_fs.FileSystem, root: str, action: dict[str, Any], c
         raise RetryableError(f"reading {path}: {exc}") from exc
     for name, value in (action.get("partitionValues") or {}).items():
         if name in columns and name not in rows.column_names:
+            value = value or None  # an empty partition value is a null one (the protocol's rule)
             rows = rows.append_column(name, pa.array([value] * rows.num_rows, pa.string()))
     return rows
 

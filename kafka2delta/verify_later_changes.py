@@ -9,11 +9,12 @@ in version order: a commit that removed a row equal to the key's current one lea
 it added, or with none. The key is explained when that walk ends with what the table holds: no row for a missing
 key, an equal row for a differing one. A row equal to the expected one matters, not only the key: a delete of the
 key's earlier row, before the daemon wrote its last change, explains nothing. Rows are equal when every column the
-check compares is (a soft delete's data columns too, unlike the check itself), so the match is exact only when two
-changes of a key never look alike: with ``kafka_offset`` among the table's columns (``table.metadata_columns``
-with ``"offset"``). Without it, a key whose last change brought back the values of a row a job deleted or changed
-before is matched by value (:attr:`LaterChanges.by_value` says so). A commit that took out more than one row of the
-key (the table held it twice: a fault) or left it twice explains nothing.
+check compares is (``differs``: for a soft delete, the columns the daemon's soft delete sets, its key, ``_deleted``
+and change columns, as it keeps the row's data), so the match is exact only when two changes of a key never look
+alike: with ``kafka_offset`` (``table.metadata_columns`` with ``"offset"``) or ``_lsn`` among the table's columns,
+and ``_lsn`` for soft deletes. Without them, a key whose last change brought back the values of a row a job deleted
+or changed before is matched by value (the report says so). A commit that took out more than one row of the key
+(the table held it twice: a fault) or left it twice explains nothing.
 
 The cost, paid only when keys are missing or differ: the log's entries from the table's version down, until every
 such key's expected row is found removed by a commit (all of them when one is not), and the data files of the
@@ -36,8 +37,6 @@ from kafka2delta.verify_deletes import LogEntry, data_file, log_pages, unreadabl
 from kafka2delta.verify_reading import Deadline
 from kafka2delta.writer import table_filesystem
 
-OFFSET_COLUMN = "kafka_offset"
-"""The column ``table.metadata_columns = [..., "offset"]`` gives the rows: two changes of a key never share it."""
 Row = dict[str, Any]
 Differs = Callable[[Row, Row], list[str]]
 """The columns in which a row differs from the expected one (the first argument): empty when equal."""
@@ -66,8 +65,6 @@ class LaterChanges:
     log_starts_at: int = 0
     """The version after the first entry missing from the log, going down: what older commits did cannot be
     told. 0: none missing, or the walk stopped before."""
-    by_value: bool = False
-    """The table has no ``kafka_offset`` column: rows were matched by their values alone."""
 
 
 @dataclass(frozen=True)
@@ -93,7 +90,7 @@ def later_changes(
     """Which keys of ``held`` (key → the table's row, None when missing) later commits of ``uri`` up to ``version``
     took from their ``expected`` row to the one held, reading the columns of ``schema`` (the table's)."""
     filesystem, root = table_filesystem(uri, storage_options)
-    found = LaterChanges(by_value=OFFSET_COLUMN not in schema.names)
+    found = LaterChanges()
     steps: dict[Any, list[_Step]] = defaultdict(list)  # newest first
     started: set[Any] = set()  # keys whose expected row a read commit removed: the walk has found where theirs start
     operations: dict[int, str] = {}
@@ -219,6 +216,9 @@ def _typed(data: pa.Table, schema: pa.Schema) -> pa.Table:
         if column.type == kind:
             continue
         if pa.types.is_timestamp(kind) and kind.tz is not None and pa.types.is_string(column.type):
-            column = column.cast(pa.timestamp(kind.unit))  # Delta's partition value: UTC, written without a zone
+            # A partition value in UTC: with its zone as Spark writes it (…Z), without as delta-rs does.
+            zoned = pc.ends_with(column, "Z")
+            if not pc.all(zoned).as_py():
+                column = column.cast(pa.timestamp(kind.unit))
         data = data.set_column(data.column_names.index(name), name, column.cast(kind))
     return data

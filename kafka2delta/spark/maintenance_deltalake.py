@@ -26,10 +26,11 @@ import json
 import math
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from deltalake import CommitProperties
-from deltalake.exceptions import DeltaError, DeltaProtocolError
+from deltalake.exceptions import DeltaError
 
 from kafka2delta.errors import ConfigError, RetryableError
 from kafka2delta.spark.maintenance import (
@@ -40,9 +41,10 @@ from kafka2delta.spark.maintenance import (
     optimize_report,
 )
 from kafka2delta.spark.report import Report
-from kafka2delta.spark.tables import check_writable, open_table, spark_only_table, table_stats
+from kafka2delta.spark.tables import check_writable, open_table, referenced_paths, spark_only_table, table_stats
 from kafka2delta.writer import SPARK_ONLY_PROPERTY, table_filesystem
 
+_DELETERS = 8  # files deleted at once by vacuum
 MAINTAINED_BY = {"kafka2delta": {"operation": "maintain"}}
 """The commit info of this lane's commits, the key the daemon's own commits carry: ``verify`` and ``status`` read
 them as maintenance, never as another writer's."""
@@ -119,12 +121,19 @@ def vacuum(
     _refuse_spark_only(uri, storage_options)
     hours = math.ceil(retain_hours)
     listed: list[str] = []
+    deleted: list[int] = []
 
     def run(check_off: bool, listing: bool) -> list[str]:
         if not listing:
-            delete_files(uri, storage_options, listed)
+            deleted.append(delete_files(uri, storage_options, listed))
             return listed
         table = open_table(uri, storage_options)
+        features = {*(table.protocol().reader_features or ()), *(table.protocol().writer_features or ())}
+        if "vacuumProtocolCheck" in features:  # a client must know every feature of the table before it vacuums
+            raise ConfigError("--engine", f"{uri} has the vacuumProtocolCheck table feature: vacuum it with Spark")
+        if any("://" in path or path.startswith("/") for path in referenced_paths(uri, storage_options)):
+            # delta-rs compares them with relative listings, as the clash check does: neither would see them.
+            raise ConfigError("--engine", f"{uri} references files by absolute path (a clone?): vacuum it with Spark")
         try:
             found = table.vacuum(
                 retention_hours=int(hours), dry_run=True, enforce_retention_duration=not check_off, full=True
@@ -133,30 +142,46 @@ def vacuum(
             raise _translated(exc, "vacuum", uri) from exc
         except OSError as exc:
             raise RetryableError(f"vacuum {uri}: {exc}") from exc
-        listed[:] = [path for path in found if not spark_would_keep(path)]
+        partitions = table.metadata().partition_columns
+        listed[:] = [path for path in found if not spark_would_keep(path, partitions)]
         return listed
 
     report = checked_vacuum(uri, storage_options, retain_hours=hours, dry_run=dry_run, run=run)
+    if deleted:
+        report.details["deleted"] = deleted[0]  # those still there (another vacuum may have taken some)
     report.details["engine"] = "deltalake"
     return report
 
 
-def spark_would_keep(path: str) -> bool:
+def spark_would_keep(path: str, partition_columns: Sequence[str] = ()) -> bool:
     """Whether Spark's VACUUM keeps an unreferenced file at ``path`` (relative to the table root): a hidden name
-    anywhere in it, ``_`` or ``.`` first (a partition directory, ``name=value``, is not hidden)."""
-    return any(part.startswith(("_", ".")) and "=" not in part for part in path.split("/"))
+    anywhere in it, ``_`` or ``.`` first, except a partition directory (``<partition column>=…``) and Delta's
+    ``_change_data`` and ``_delta_index`` (DeltaTableUtils.isHiddenDirectory)."""
+    partitions = tuple(f"{column}=" for column in partition_columns)
+    return any(
+        part.startswith(("_", "."))
+        and not part.startswith(partitions or ("\0",))
+        and part not in ("_change_data", "_delta_index")
+        for part in path.split("/")
+    )
 
 
-def delete_files(uri: str, storage_options: Mapping[str, str], paths: list[str]) -> None:
-    """Delete the files ``paths`` (relative to the root of ``uri``); one already gone is no error."""
+def delete_files(uri: str, storage_options: Mapping[str, str], paths: list[str]) -> int:
+    """Delete the files ``paths`` (relative to the root of ``uri``), several at once (one request each on object
+    storage); how many were there (one already gone is no error)."""
     filesystem, root = table_filesystem(uri, storage_options)
-    for path in paths:
+
+    def delete(path: str) -> bool:
         try:
             filesystem.delete_file(f"{root.rstrip('/')}/{path}")
         except FileNotFoundError:
-            continue
+            return False
         except OSError as exc:
             raise RetryableError(f"vacuum {uri}: deleting {path}: {exc}") from exc
+        return True
+
+    with ThreadPoolExecutor(_DELETERS) as pool:
+        return sum(pool.map(delete, paths))
 
 
 def _refuse_spark_only(uri: str, storage_options: Mapping[str, str]) -> None:
@@ -191,6 +216,6 @@ def _translated(exc: DeltaError, what: str, uri: str) -> Exception:
     storage or a lost race, for the next run."""
     if "retention period" in str(exc):
         return ConfigError("--retain-hours", f"{uri}: {exc}")
-    if isinstance(exc, DeltaProtocolError):
+    if "Unsupported table features" in str(exc):
         return ConfigError("--engine", f"{what} {uri}: delta-rs cannot write this table ({exc}): use --engine spark")
     return RetryableError(f"{what} {uri} failed (the next run tries again): {exc}")

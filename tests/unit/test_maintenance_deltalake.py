@@ -4,7 +4,9 @@ import json
 import math
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -33,8 +35,8 @@ def _age(uri: str, hours: float) -> None:
 
 def test_vacuum_deletes_old_orphans_and_keeps_committed_young_and_hidden_files(tmp_path: Path) -> None:
     uri = _table(tmp_path)
-    orphans = ["p=a/part-00000-orphan.parquet", "notes.txt"]
-    hidden = ["p=a/_tmp.parquet", "p=a/.part-0.crc", "_change_data/cdc-0.parquet", "nested/_delta_log/0.json"]
+    orphans = ["p=a/part-00000-orphan.parquet", "notes.txt", "_change_data/cdc-0.parquet"]  # Spark deletes them too
+    hidden = ["p=a/_tmp.parquet", "p=a/.part-0.crc", "nested/_delta_log/0.json", "_q=1/x.parquet"]
     for path in orphans + hidden:
         os.makedirs(os.path.dirname(os.path.join(uri, path)) or uri, exist_ok=True)
         Path(uri, path).write_bytes(b"x")
@@ -43,19 +45,54 @@ def test_vacuum_deletes_old_orphans_and_keeps_committed_young_and_hidden_files(t
     committed = referenced_paths(uri)
 
     dry = vacuum(uri, retain_hours=1.5, dry_run=True)
-    assert dry.details["would_delete"] == 2 and dry.details["retain_hours"] == "2"  # whole hours, rounded up
+    assert dry.details["would_delete"] == 3 and dry.details["retain_hours"] == "2"  # whole hours, rounded up
     assert all(Path(uri, path).exists() for path in orphans)
     report = vacuum(uri, retain_hours=1.5)
-    assert report.status == "ok" and report.details["deleted"] == 2 and report.details["engine"] == "deltalake"
+    assert report.status == "ok" and report.details["deleted"] == 3 and report.details["engine"] == "deltalake"
     assert not any(Path(uri, path).exists() for path in orphans)
     assert all(Path(uri, path).exists() for path in hidden) and Path(uri, "p=b/part-00001-young.parquet").exists()
     assert committed <= {f.path for f in data_files(uri)}
 
 
-def test_spark_would_keep_hidden_names_at_any_depth_but_not_partition_directories() -> None:
-    assert spark_would_keep("_change_data/x.parquet") and spark_would_keep("p=a/.x.crc")
-    assert spark_would_keep("a/b/_tmp") and not spark_would_keep("_p=1/part-0.parquet")
-    assert not spark_would_keep("p=a/part-0.parquet") and not spark_would_keep("part-0.parquet")
+def test_spark_would_keep_hidden_names_at_any_depth_but_not_partition_directories_or_change_data() -> None:
+    assert spark_would_keep("p=a/.x.crc") and spark_would_keep("a/b/_tmp") and spark_would_keep("_q=1/x.parquet")
+    assert not spark_would_keep("_p=1/part-0.parquet", ["_p"]) and not spark_would_keep("_change_data/x.parquet")
+    assert not spark_would_keep("p=a/part-0.parquet", ["p"]) and not spark_would_keep("part-0.parquet")
+
+
+def _rewrite_log(uri: str, version: int, change: Callable[[dict[str, Any]], None]) -> None:
+    entry = Path(uri, "_delta_log", f"{version:020d}.json")
+    actions = [json.loads(line) for line in entry.read_text().splitlines()]
+    for action in actions:
+        change(action)
+    entry.write_text("".join(json.dumps(action) + "\n" for action in actions))
+
+
+def test_a_table_that_asks_vacuums_to_check_its_protocol_or_names_files_by_absolute_path_is_left_to_spark(
+    tmp_path: Path,
+) -> None:
+    """Found by review: delta-rs's dry run checks no protocol (its real vacuum would refuse vacuumProtocolCheck),
+    and an absolute path in the log escapes both its listing's comparison and the clash check."""
+    checked = _table(tmp_path / "c")
+    protocol = {"minReaderVersion": 3, "minWriterVersion": 7}
+    features = {"readerFeatures": ["vacuumProtocolCheck"], "writerFeatures": ["vacuumProtocolCheck"]}
+
+    def ask(action: dict[str, Any]) -> None:
+        if "protocol" in action:
+            action["protocol"] = {**protocol, **features}
+
+    _rewrite_log(checked, 0, ask)
+    with pytest.raises(ConfigError, match=r"--engine.*vacuumProtocolCheck"):
+        vacuum(checked)
+    cloned = _table(tmp_path / "a")
+
+    def absolute(action: dict[str, Any]) -> None:
+        if "add" in action:
+            action["add"]["path"] = f"file://{cloned}/{action['add']['path']}"
+
+    _rewrite_log(cloned, 1, absolute)
+    with pytest.raises(ConfigError, match=r"--engine.*absolute path"):
+        vacuum(cloned)
 
 
 def test_spark_only_tables_partition_zorder_columns_and_a_retention_that_is_no_number_are_refused(
