@@ -48,7 +48,6 @@ from kafka2delta.verify_reading import (
 )
 
 _SHOWN = 10
-CHANGE_COLUMN_NAMES = frozenset(name for name, _ in CHANGE_COLUMNS.values())
 OFFSET_COLUMN, LSN_COLUMN = "kafka_offset", CHANGE_COLUMNS["lsn"][0]
 """Columns unique per change of a key, when the table has them: the Kafka offset, the source position."""
 
@@ -82,8 +81,8 @@ class ChangesReport:
     log_starts_at: int = 0
     """Where the log read for those commits starts, when it has been cleaned up or has a gap (0: not)."""
     later_by_value: bool = False
-    """Rows were matched by value (the table has no column unique per change: ``kafka_offset`` or ``_lsn``, and
-    ``_lsn`` for soft deletes): a key whose last change brought back the values a job deleted or changed before
+    """Rows were matched by value (a row looked for has no value unique to its change: ``kafka_offset`` or ``_lsn``,
+    ``_lsn`` for a soft tombstone): a key whose last change brought back the values a job deleted or changed before
     would be explained too."""
 
     @property
@@ -162,8 +161,9 @@ class ChangesReport:
             lines.append(f"  the commits not made by the daemon that left them so: {shown}")
             if self.later_by_value:
                 lines.append(
-                    '  (matched by value: no column is unique per change; table.metadata_columns with "offset" '
-                    "makes the match exact, and _lsn (table.change_columns) for soft deletes)"
+                    "  (matched by value: a key looked for has no value unique to its change; "
+                    'table.metadata_columns with "offset" makes the match exact, and _lsn (table.change_columns) for '
+                    "soft deletes)"
                 )
         if self.missing or self.different:
             for at, why in sorted(self.later_unreadable.items())[:_SHOWN]:
@@ -311,16 +311,14 @@ def check_changes(
     # The one fault a per-key dict would hide: the same key twice, an insert where an update was due (found by review).
     report.duplicated = sorted((k for k, count in held.items() if count > 1), key=repr)
     compared = [c for c in expected_schema.names if c in schema.names]
-    differs = partial(_differs, compared, [*key, DELETED_COLUMN], soft)
+    differs = partial(_differs, compared, key, soft)
     for k in sorted(set(expected) & set(actual), key=repr):
         if columns := differs(expected[k], actual[k]):
             report.different.append((k, columns))
     if (report.missing or report.different) and version is not None:
-        # A soft delete's change columns too (its _lsn, _op, _source_ts): a key's earlier tombstone is not its last.
-        tombstone = [*key, DELETED_COLUMN, *(c for c in compared if c in CHANGE_COLUMN_NAMES)]
-        walked = partial(_differs, compared, tombstone, soft)
-        # Unique per change: the Kafka offset, or the source position (the one column a soft delete sets uniquely).
-        by_value = not ({OFFSET_COLUMN, LSN_COLUMN} & set(schema.names)) or (soft and LSN_COLUMN not in schema.names)
+        walked = partial(_tombstone_differs, compared, key) if soft else differs
+        looked_for = [expected[k] for k in (*report.missing, *(k for k, _ in report.different))]
+        by_value = not all(_unique(row, compared, soft) for row in looked_for)
         _explain_by_later_commits(
             report, spec.uri, storage_options, version, key, schema, expected, actual, walked, deadline, by_value
         )
@@ -328,15 +326,33 @@ def check_changes(
 
 
 def _differs(
-    compared: list[str], tombstone: list[str], soft: bool, want: Mapping[str, Any], got: Mapping[str, Any]
+    compared: list[str], key: list[str], soft: bool, want: Mapping[str, Any], got: Mapping[str, Any]
 ) -> list[str]:
     """The columns of ``compared`` in which ``got`` differs from the expected row ``want`` (a soft-deleted key: only
-    those of ``tombstone``, its key and ``_deleted`` and maybe the change columns: the daemon's soft delete keeps the
-    row's data)."""
+    its key and ``_deleted``)."""
     if soft and want.get(DELETED_COLUMN):
-        compared = [c for c in compared if c in tombstone or c == DELETED_COLUMN]
+        compared = [c for c in compared if c in key or c == DELETED_COLUMN]
     # A TOASTed value no change in the history gave (retention deleted it) is the table's to keep.
     return [c for c in compared if want.get(c) != got.get(c) and not want.get(UNAVAILABLE_FLAG + c)]
+
+
+def _tombstone_differs(
+    compared: list[str], key: list[str], want: Mapping[str, Any], got: Mapping[str, Any]
+) -> list[str]:
+    """:func:`_differs` as the walk of a soft table's keys compares them: a tombstone on its key, ``_deleted`` and
+    every other column it expects a value in (its data, as the key's last upsert left them, and the delete's change
+    columns: told from the key's earlier tombstones), not where it expects null (compaction left only the delete, or
+    Debezium's tombstone after it: the daemon's soft delete then keeps the row's own)."""
+    if want.get(DELETED_COLUMN):
+        compared = [c for c in compared if c in key or c == DELETED_COLUMN or want.get(c) is not None]
+    return _differs(compared, key, False, want, got)
+
+
+def _unique(row: Mapping[str, Any], compared: list[str], soft: bool) -> bool:
+    """Whether the expected ``row`` has a value unique to its change among the compared columns: its Kafka offset, or
+    its source position (a soft tombstone keeps its upsert's offset: only the position)."""
+    columns = (LSN_COLUMN,) if soft and row.get(DELETED_COLUMN) else (OFFSET_COLUMN, LSN_COLUMN)
+    return any(c in compared and row.get(c) is not None for c in columns)
 
 
 def _explain_by_later_commits(

@@ -15,7 +15,7 @@ from kafka2delta.cli import build_pipeline
 from kafka2delta.config import Config
 from kafka2delta.records import TopicPartition
 from kafka2delta.verify import check
-from kafka2delta.verify_changes import ChangesReport
+from kafka2delta.verify_changes import ChangesReport, _unique
 from kafka2delta.verify_later_changes import KeyCommit, _typed
 from tests.support.debezium import SourceTable, change_batch, change_config, field
 from tests.support.runner import TopicsSource, ingest_until_caught_up
@@ -66,7 +66,7 @@ def test_keys_later_jobs_deleted_or_changed_are_counted_not_faults_until_vacuum_
     }
     text = report.render()
     assert f"the commits not made by the daemon that left them so: v{deleting} DELETE 1, v{masking} UPDATE 1" in text
-    assert "(matched by value: no column is unique per change" in text
+    assert "(matched by value: a key looked for has no value unique to its change" in text
     assert text.splitlines()[-1] == (
         "  OK: the table holds the last change of each key, and nothing else (deleted later 2, changed later 1)"
     )
@@ -239,6 +239,61 @@ def test_a_tombstone_a_job_purged_is_deleted_later_when_compaction_left_only_the
     serve_topics(monkeypatch, {"cdc": {0: served}}, compacted=True)
     report = _check(config)
     assert report.ok and report.deleted_later == [1] and not report.later_by_value, report.render()
+
+
+def test_debeziums_tombstone_after_a_delete_and_compaction_leave_a_purged_tombstone_deleted_later(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by review: compaction keeps Debezium's tombstone (no value) and drops the delete event: the expected row
+    has no _lsn, the table's tombstone kept the delete's."""
+    config = _soft_debezium(tmp_path)
+    records: list[tuple[bytes, bytes | None]] = [
+        ITEMS.event("c", {"id": 2, "name": "b"}, lsn=10),
+        ITEMS.event("c", {"id": 1, "name": "a"}, lsn=20),
+        ITEMS.event("d", {"id": 1, "name": "a"}, lsn=30),
+        (ITEMS.key_bytes({"id": 1}), None),
+    ]
+    ingest_until_caught_up(config, TopicsSource([change_batch(P0, 0, records)], {P0: 4}))
+    DeltaTable(str(tmp_path / "table")).delete("id = 1")  # jobs ttl purging the tombstone
+    served = [(i, value, key) for i, (key, value) in enumerate(records) if i in (0, 3)]
+    serve_topics(monkeypatch, {"cdc": {0: served}}, compacted=True)
+    report = _check(config)
+    assert report.ok and report.deleted_later == [1], report.render()
+
+
+def test_soft_tombstones_without_change_columns_are_told_apart_by_their_data(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by review: with no _lsn, a purged earlier tombstone (its data a) does not explain a lost last one (b)."""
+    schema = json.dumps({"id": "long", "name": "string"})
+    config = change_config(tmp_path, "upsert", K2D_TABLE__SCHEMA=schema, K2D_TABLE__DELETE_MODE="soft")
+    records: list[tuple[bytes, bytes | None]] = [
+        (b'{"id": 1}', b'{"id": 1, "name": "a"}'),
+        (b'{"id": 1}', None),
+        (b'{"id": 1}', b'{"id": 1, "name": "b"}'),
+        (b'{"id": 1}', None),
+    ]
+    for first in range(4):  # a flush each: each tombstone keeps its upsert's data
+        ingest_until_caught_up(
+            config, TopicsSource([change_batch(P0, first, records[first : first + 1])], {P0: first + 1})
+        )
+        if first == 1:
+            DeltaTable(str(tmp_path / "table")).delete("id = 1")  # a job purging the first tombstone
+    serve_topics(monkeypatch, {"cdc": {0: [(i, value, key) for i, (key, value) in enumerate(records)]}})
+    assert _check(config).ok
+    DeltaTable(str(tmp_path / "table")).delete("id = 1", commit_properties=DAEMON)  # the daemon losing the last one
+    report = _check(config)
+    assert not report.ok and report.missing == [1] and report.deleted_later == [], report.render()
+
+
+def test_a_row_is_matched_exactly_only_with_a_value_unique_to_its_change() -> None:
+    compared = ["id", "name", "kafka_offset", "_lsn", "_deleted"]
+    assert _unique({"id": 1, "kafka_offset": 4}, compared, soft=False)
+    assert _unique({"id": 1, "_lsn": 40}, compared, soft=False)
+    assert not _unique({"id": 1, "_lsn": None}, compared, soft=False)  # a source without positions
+    assert not _unique({"id": 1, "kafka_offset": 4, "_deleted": True}, compared, soft=True)  # the upsert's offset
+    assert _unique({"id": 1, "_lsn": 40, "_deleted": True}, compared, soft=True)
+    assert not _unique({"id": 1, "kafka_offset": 4}, ["id", "name"], soft=False)  # not a column of the table
 
 
 def test_partition_values_take_their_columns_types_in_spark_and_delta_rs_forms() -> None:
