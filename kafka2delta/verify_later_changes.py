@@ -8,13 +8,13 @@ from the row its last change should have left (the expected row) and follows the
 in version order: a commit that removed a row equal to the key's current one leaves the key with the row of that key
 it added, or with none. The key is explained when that walk ends with what the table holds: no row for a missing
 key, an equal row for a differing one. A row equal to the expected one matters, not only the key: a delete of the
-key's earlier row, before the daemon wrote its last change, explains nothing. Rows are equal when every column the
-check compares is (``differs``: for a soft delete, the columns the daemon's soft delete sets, its key, ``_deleted``
-and change columns, as it keeps the row's data), so the match is exact only when two changes of a key never look
-alike: with ``kafka_offset`` (``table.metadata_columns`` with ``"offset"``) or ``_lsn`` among the table's columns,
-and ``_lsn`` for soft deletes. Without them, a key whose last change brought back the values of a row a job deleted
-or changed before is matched by value (the report says so). A commit that took out more than one row of the key
-(the table held it twice: a fault) or left it twice explains nothing.
+key's earlier row, before the daemon wrote its last change, explains nothing. Rows are equal as ``differs`` says
+(the caller's: every compared column; a soft tombstone, every column it expects a value in), so the match is exact
+only when the expected row holds a value unique to its change: its ``kafka_offset`` (``table.metadata_columns`` with
+``"offset"``) or a non-null ``_lsn`` (a soft tombstone keeps its upsert's offset: ``_lsn`` only). Without one, a key
+whose last change brought back the values of a row a job deleted or changed before is matched by value (the report
+says so). A commit that took out more than one row of the key (the table held it twice: a fault) or left it twice
+explains nothing.
 
 The cost, paid only when keys are missing or differ: the log's entries from the table's version down, until every
 such key's expected row is found removed by a commit (all of them when one is not), and the data files of the
