@@ -36,7 +36,7 @@ from kafka2delta.kafka import topic_partitions
 from kafka2delta.pipeline import Pipeline
 from kafka2delta.records import PartitionMessages
 from kafka2delta.routing import TableSpec
-from kafka2delta.verify_later_changes import KeyCommit, later_changes
+from kafka2delta.verify_later_changes import KeyCommit, key_of, later_changes
 from kafka2delta.verify_reading import (
     Deadline,
     partition_messages,
@@ -299,12 +299,12 @@ def check_changes(
             deleted = row.pop(DELETE_FLAG)
             if deleted and not soft:
                 continue
-            expected[_key(row, key)] = row
+            expected[key_of(row, key)] = row
     actual: dict[Any, dict[str, Any]] = {}
     held: Counter[Any] = Counter()
     for row in rows.to_pylist() if rows.num_rows else []:
-        actual[_key(row, key)] = row
-        held[_key(row, key)] += 1
+        actual[key_of(row, key)] = row
+        held[key_of(row, key)] += 1
     report.keys = len(expected)
     report.missing = sorted((k for k in expected if k not in actual), key=repr)
     report.extra = sorted((k for k in actual if k not in expected), key=repr)
@@ -380,10 +380,6 @@ def _explain_by_later_commits(
     report.different = [(k, c) for k, c in report.different if k not in found.changed]
     report.later_commits, report.later_unreadable = found.by_version, found.unreadable
     report.log_starts_at, report.later_by_value = found.log_starts_at, by_value
-
-
-def _key(row: Mapping[str, Any], key: list[str]) -> Any:
-    return row[key[0]] if len(key) == 1 else tuple(row[c] for c in key)
 
 
 def read_changes(

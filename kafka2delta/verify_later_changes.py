@@ -42,6 +42,11 @@ Differs = Callable[[Row, Row], list[str]]
 """The columns in which a row differs from the expected one (the first argument): empty when equal."""
 
 
+def key_of(row: Mapping[str, Any], key: Sequence[str]) -> Any:
+    """The key of ``row``: its one key column's value, or a tuple of them."""
+    return row[key[0]] if len(key) == 1 else tuple(row[c] for c in key)
+
+
 @dataclass(frozen=True)
 class KeyCommit:
     """A commit not made by the daemon that left checked keys as the table holds them (the last commit of each
@@ -201,7 +206,7 @@ def _rows_of(
             continue
         data = _typed(data_file(filesystem, root, action, tuple(schema.names)), schema)
         for row in data.filter(pc.is_in(data.column(key[0]), value_set=wanted)).to_pylist():
-            k = row[key[0]] if len(key) == 1 else tuple(row.get(c) for c in key)
+            k = key_of(row, key)
             if k in keys:
                 rows[k].append(row)
     return rows

@@ -43,6 +43,7 @@ from kafka2delta.spark.maintenance import (
     optimize_report,
 )
 from kafka2delta.spark.report import Report
+from kafka2delta.spark.session import spark_reaches
 from kafka2delta.spark.tables import check_writable, open_table, referenced_paths, spark_only_table, table_stats
 from kafka2delta.writer import SPARK_ONLY_PROPERTY, table_filesystem
 
@@ -123,7 +124,7 @@ def vacuum(
     check_retention(retain_hours)  # before it is rounded up
     _refuse_spark_only(uri, storage_options)
     _refuse_unlistable(uri, storage_options)
-    hours = math.ceil(retain_hours)
+    hours = math.ceil(retain_hours)  # an int: delta-rs counts whole hours
     listed: list[str] = []
     deleted: list[int] = []
 
@@ -134,7 +135,7 @@ def vacuum(
         table = open_table(uri, storage_options)
         try:
             found = table.vacuum(
-                retention_hours=int(hours), dry_run=True, enforce_retention_duration=not check_off, full=True
+                retention_hours=hours, dry_run=True, enforce_retention_duration=not check_off, full=True
             )
         except DeltaError as exc:
             raise _translated(exc, "vacuum", uri) from exc
@@ -205,11 +206,7 @@ def _refuse_spark_only(uri: str, storage_options: Mapping[str, str]) -> None:
 def uses_deltalake(engine: str, uri: str) -> bool:
     """Whether ``maintain`` runs on ``uri`` through delta-rs: ``--engine deltalake``, or ``auto`` for a table on
     Azure or Google Cloud Storage (the Spark jobs cannot reach them)."""
-    from kafka2delta.config.sections import AZURE_SCHEMES, GCS_SCHEMES
-
-    if engine != "auto":
-        return engine == "deltalake"
-    return uri.split("://", 1)[0].lower() in AZURE_SCHEMES + GCS_SCHEMES if "://" in uri else False
+    return engine == "deltalake" if engine != "auto" else not spark_reaches(uri)
 
 
 def _metrics(found: Mapping[str, Any]) -> dict[str, Any]:

@@ -183,16 +183,21 @@ def get_session(config: SparkConfig, *, master: str | None, conf: Mapping[str, s
     return session
 
 
+def spark_reaches(uri: str) -> bool:
+    """Whether the Spark jobs can reach the table at ``uri``: a local or s3:// table, not an Azure or GCS one
+    (hadoop-azure / gcs-connector, their credentials and an equivalent of delta-rs's put-if-absent commit, Delta's
+    AzureLogStore / GCSLogStore, are not wired up for them)."""
+    from kafka2delta.config.sections import AZURE_SCHEMES, GCS_SCHEMES
+
+    return "://" not in uri or uri.split("://", 1)[0].lower() not in AZURE_SCHEMES + GCS_SCHEMES
+
+
 def spark_path(uri: str) -> str:
     """The table's location as Spark's Hadoop filesystems name it: absolute local paths, ``s3a://`` for ``s3://``."""
     if "://" not in uri:
         return str(Path(uri).resolve())
-    from kafka2delta.config.sections import AZURE_SCHEMES, GCS_SCHEMES
-
     scheme = uri.split("://", 1)[0].lower()
-    if scheme in AZURE_SCHEMES + GCS_SCHEMES:
-        # hadoop-azure / gcs-connector, their credentials and an equivalent of delta-rs's put-if-absent commit
-        # (Delta's AzureLogStore / GCSLogStore) are not wired up for the Spark jobs.
+    if not spark_reaches(uri):
         raise ConfigError(
             "table.uri",
             f"{uri}: the Spark jobs (maintain, jobs) support local and s3:// tables only; the daemon, status and "

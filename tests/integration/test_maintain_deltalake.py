@@ -5,16 +5,14 @@ daemon commits loses and duplicates nothing; the daemon replays nothing afterwar
 
 from __future__ import annotations
 
-import os
-import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from kafka2delta.spark import maintenance_deltalake
-from kafka2delta.spark.tables import data_files, open_table, referenced_paths
-from tests.support.chaos import FAST_GROUP
+from kafka2delta.spark.tables import data_files, open_table
+from tests.support.chaos import crash_leaving_orphans
 from tests.support.harness import BackgroundProducer, Daemon, Setup, assert_exactly_once, wait_for
 
 pytestmark = pytest.mark.integration
@@ -33,16 +31,7 @@ def test_delta_rs_vacuums_a_killed_daemons_orphans_only_and_compacts_while_the_d
     setup_factory: Callable[..., Setup], daemon_factory: Callable[..., Daemon], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     setup = setup_factory(2, max_messages_per_file=50)
-    produced = setup.topic.produce(100)
-    crashed = daemon_factory(setup, env={**FAST_GROUP, "K2D_FAULT_INJECT": "after_parquet_write"})
-    assert crashed.wait(120) == -9  # SIGKILLed itself after writing Parquet, before committing
-    orphans = {f.path for f in data_files(setup.table_uri)} - referenced_paths(setup.table_uri)
-    assert orphans, "the crash left no uncommitted file"
-    assert daemon_factory(setup, "--until-caught-up").wait(120) == 0
-    committed = referenced_paths(setup.table_uri)
-    old = time.time() - 2 * 3600  # every file two hours old: only the log tells orphans from committed files
-    for f in data_files(setup.table_uri):
-        os.utime(os.path.join(setup.table_uri, f.path), (old, old))
+    produced, orphans, committed = crash_leaving_orphans(setup, daemon_factory)
 
     dry = maintain(setup, "vacuum", "--engine", "deltalake", "--retain-hours", "1", "--dry-run")
     assert dry["details"]["would_delete"] == len(orphans) and dry["files_after"] == dry["files_before"]

@@ -21,7 +21,7 @@ from kafka2delta.errors import ConfigError
 from kafka2delta.spark import commands
 from kafka2delta.spark.maintenance import vacuum
 from kafka2delta.spark.tables import data_files, referenced_paths
-from tests.support.chaos import FAST_GROUP
+from tests.support.chaos import crash_leaving_orphans
 from tests.support.harness import Daemon, Setup, assert_exactly_once
 
 pytestmark = pytest.mark.integration
@@ -36,19 +36,9 @@ def test_vacuum_deletes_a_killed_daemons_orphans_only(
     """The ``maintain vacuum`` command line, run in this process (its session is the suite's: no JVM start of
     its own; ``tests/unit/test_cli.py`` runs the refusals as a process)."""
     setup = setup_factory(2, max_messages_per_file=50)
-    produced = setup.topic.produce(100)
-    crashed = daemon_factory(setup, env={**FAST_GROUP, "K2D_FAULT_INJECT": "after_parquet_write"})
-    assert crashed.wait(120) == -9  # SIGKILLed itself after writing Parquet, before committing
-    orphans = {f.path for f in data_files(setup.table_uri)} - referenced_paths(setup.table_uri)
-    assert orphans, "the crash left no uncommitted file"
-    assert daemon_factory(setup, "--until-caught-up").wait(120) == 0  # replays into new files
-    committed = referenced_paths(setup.table_uri)
-    assert not orphans & committed
     # Every file is two hours old: only the retention tells orphans apart by age, so committed files are
     # just as old, and vacuum must keep them because the log references them.
-    old = time.time() - 2 * 3600
-    for f in data_files(setup.table_uri):
-        os.utime(os.path.join(setup.table_uri, f.path), (old, old))
+    produced, orphans, committed = crash_leaving_orphans(setup, daemon_factory)
 
     argv = ["maintain", "vacuum", "-c", str(setup.config_path), "--retain-hours", "1", "--json", "--dead-letters"]
     assert commands.run(_parser().parse_args(argv), load_config(setup.config_path, {})) == 0

@@ -24,6 +24,7 @@ from confluent_kafka import Producer
 
 from kafka2delta.kafka import topic_partitions
 from kafka2delta.records import PartitionMessages
+from kafka2delta.spark.tables import data_files, referenced_paths
 from kafka2delta.verify import Report, compare, log_gaps, read_topic, rows_beyond_txn
 from kafka2delta.verify_reading import dead_letter_filter, read_table
 from tests.support.harness import Daemon, Setup, Topic, event, wait_for
@@ -324,3 +325,21 @@ def read_only(*directories: Path) -> Iterator[None]:
             subprocess.run(["chattr", "-i", str(directory)], check=True)
         for directory, mode in modes.items():
             directory.chmod(mode)
+
+
+def crash_leaving_orphans(setup: Setup, daemon_factory: Callable[..., Daemon]) -> tuple[list[str], set[str], set[str]]:
+    """100 messages ingested by a daemon that SIGKILLs itself after writing Parquet, before committing, then by one
+    that catches up (replaying into new files); every data file then made two hours old, so only the log tells the
+    orphans from the committed files. The ids produced, the orphans and the committed files (paths in the table)."""
+    produced = setup.topic.produce(100)
+    crashed = daemon_factory(setup, env={**FAST_GROUP, "K2D_FAULT_INJECT": "after_parquet_write"})
+    assert crashed.wait(120) == -9  # SIGKILLed itself after writing Parquet, before committing
+    orphans = {f.path for f in data_files(setup.table_uri)} - referenced_paths(setup.table_uri)
+    assert orphans, "the crash left no uncommitted file"
+    assert daemon_factory(setup, "--until-caught-up").wait(120) == 0
+    committed = referenced_paths(setup.table_uri)
+    assert not orphans & committed
+    old = time.time() - 2 * 3600
+    for f in data_files(setup.table_uri):
+        os.utime(os.path.join(setup.table_uri, f.path), (old, old))
+    return produced, orphans, committed
