@@ -359,10 +359,11 @@ def checked_vacuum(
     started = time.monotonic()
     check_retention(retain_hours)
     check_writable(uri, storage_options, spark_only_ok=True)
-    configuration = open_table(uri, storage_options).metadata().configuration
-    check_off = retention_check_off(uri, retain_hours, configuration)
+    metadata = open_table(uri, storage_options).metadata()
+    check_off = retention_check_off(uri, retain_hours, metadata.configuration)
     stats = table_stats(uri, storage_options)
-    on_storage = {f.path: f for f in data_files(uri, storage_options)}
+    partitions = metadata.partition_columns
+    on_storage = {f.path: f for f in data_files(uri, storage_options, partitions)}
     candidates = run(check_off, True)
     committed = referenced_paths(uri, storage_options)
     clash = sorted(set(candidates) & committed)
@@ -372,7 +373,7 @@ def checked_vacuum(
         run(check_off, False)
     ever_added = logged_adds(uri, storage_options)
     orphans = [p for p in candidates if DAEMON_FILE.match(p.rsplit("/", 1)[-1]) and p not in ever_added]
-    after = {f.path: f for f in data_files(uri, storage_options)}
+    after = {f.path: f for f in data_files(uri, storage_options, partitions)}
     missing = sorted(committed - set(after))
     if missing:
         raise FatalError(f"committed files of {uri} are missing after vacuum: {missing[:5]}")

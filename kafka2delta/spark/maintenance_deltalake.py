@@ -44,7 +44,14 @@ from kafka2delta.spark.maintenance import (
 )
 from kafka2delta.spark.report import Report
 from kafka2delta.spark.session import spark_reaches
-from kafka2delta.spark.tables import check_writable, open_table, referenced_paths, spark_only_table, table_stats
+from kafka2delta.spark.tables import (
+    check_writable,
+    open_table,
+    referenced_paths,
+    spark_only_table,
+    table_stats,
+    vacuum_skips,
+)
 from kafka2delta.writer import SPARK_ONLY_PROPERTY, table_filesystem
 
 _DELETERS = 8  # files deleted at once by vacuum
@@ -120,7 +127,7 @@ def vacuum(
 ) -> Report:
     """Delete the files that no table version younger than ``retain_hours`` references and that are older than
     that, a crashed daemon's never-committed files included (delta-rs's full vacuum lists the storage), less the
-    hidden ones Spark's VACUUM keeps (:func:`spark_would_keep`)."""
+    hidden ones Spark's VACUUM keeps (:func:`vacuum_skips`)."""
     check_retention(retain_hours)  # before it is rounded up
     _refuse_spark_only(uri, storage_options)
     _refuse_unlistable(uri, storage_options)
@@ -142,7 +149,7 @@ def vacuum(
         except OSError as exc:
             raise RetryableError(f"vacuum {uri}: {exc}") from exc
         partitions = table.metadata().partition_columns
-        listed[:] = [path for path in found if not spark_would_keep(path, partitions)]
+        listed[:] = [path for path in found if not vacuum_skips(path, partitions)]
         return listed
 
     report = checked_vacuum(uri, storage_options, retain_hours=hours, dry_run=dry_run, run=run)
@@ -150,19 +157,6 @@ def vacuum(
         report.details["deleted"] = deleted[0]  # those still there (another vacuum may have taken some)
     report.details["engine"] = "deltalake"
     return report
-
-
-def spark_would_keep(path: str, partition_columns: Sequence[str] = ()) -> bool:
-    """Whether Spark's VACUUM keeps an unreferenced file at ``path`` (relative to the table root): a hidden name
-    anywhere in it, ``_`` or ``.`` first, except a partition directory (``<partition column>=…``) and Delta's
-    ``_change_data`` and ``_delta_index`` (DeltaTableUtils.isHiddenDirectory)."""
-    partitions = tuple(f"{column}=" for column in partition_columns)
-    return any(
-        part.startswith(("_", "."))
-        and not part.startswith(partitions)
-        and not part.startswith(("_change_data", "_delta_index"))
-        for part in path.split("/")
-    )
 
 
 def delete_files(uri: str, storage_options: Mapping[str, str], paths: list[str]) -> int:

@@ -9,7 +9,7 @@ import fnmatch
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 from urllib.parse import unquote
@@ -250,8 +250,11 @@ class DataFile:
     mtime_s: float
 
 
-def data_files(uri: str, storage_options: Mapping[str, str] = {}) -> list[DataFile]:
-    """Every Parquet file under the table root, outside ``_delta_log`` and hidden (``_``, ``.``) directories."""
+def data_files(
+    uri: str, storage_options: Mapping[str, str] = {}, partition_columns: Sequence[str] = ()
+) -> list[DataFile]:
+    """Every Parquet file under the table root that a vacuum may delete (:func:`vacuum_skips` none of it): outside
+    ``_delta_log`` and hidden (``_``, ``.``) names, inside a partition directory whatever its name."""
     fs, root = table_filesystem(uri, storage_options)
     root = root.rstrip("/")
     try:
@@ -263,11 +266,24 @@ def data_files(uri: str, storage_options: Mapping[str, str] = {}) -> list[DataFi
         if info.type != pa_fs.FileType.File or not info.path.endswith(".parquet"):
             continue
         relative = info.path[len(root) + 1 :]
-        if any(part.startswith(("_", ".")) for part in relative.split("/")):
+        if vacuum_skips(relative, partition_columns):
             continue
         mtime = info.mtime.timestamp() if info.mtime is not None else 0.0
         files.append(DataFile(relative, info.size or 0, mtime))
     return files
+
+
+def vacuum_skips(path: str, partition_columns: Sequence[str] = ()) -> bool:
+    """Whether a vacuum (Spark's, delta-rs's) leaves the file at ``path`` (relative to the table root) alone: a hidden
+    name anywhere in it, ``_`` or ``.`` first, except a partition directory (``<partition column>=…``, so a column
+    ``_p`` is no exception) and Delta's ``_change_data`` and ``_delta_index`` (DeltaTableUtils.isHiddenDirectory)."""
+    partitions = tuple(f"{column}=" for column in partition_columns)
+    return any(
+        part.startswith(("_", "."))
+        and not part.startswith(partitions)
+        and not part.startswith(("_change_data", "_delta_index"))
+        for part in path.split("/")
+    )
 
 
 def logged_adds(uri: str, storage_options: Mapping[str, str] = {}) -> set[str]:

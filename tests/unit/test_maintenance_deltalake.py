@@ -13,8 +13,8 @@ import pytest
 from deltalake import write_deltalake
 
 from kafka2delta.errors import ConfigError
-from kafka2delta.spark.maintenance_deltalake import optimize, spark_would_keep, vacuum
-from kafka2delta.spark.tables import data_files, referenced_paths
+from kafka2delta.spark.maintenance_deltalake import optimize, vacuum
+from kafka2delta.spark.tables import data_files, referenced_paths, vacuum_skips
 from kafka2delta.writer import SPARK_ONLY_PROPERTY
 
 
@@ -54,10 +54,10 @@ def test_vacuum_deletes_old_orphans_and_keeps_committed_young_and_hidden_files(t
     assert committed <= {f.path for f in data_files(uri)}
 
 
-def test_spark_would_keep_hidden_names_at_any_depth_but_not_partition_directories_or_change_data() -> None:
-    assert spark_would_keep("p=a/.x.crc") and spark_would_keep("a/b/_tmp") and spark_would_keep("_q=1/x.parquet")
-    assert not spark_would_keep("_p=1/part-0.parquet", ["_p"]) and not spark_would_keep("_change_data/x.parquet")
-    assert not spark_would_keep("p=a/part-0.parquet", ["p"]) and not spark_would_keep("part-0.parquet")
+def test_vacuum_skips_hidden_names_at_any_depth_but_not_partition_directories_or_change_data() -> None:
+    assert vacuum_skips("p=a/.x.crc") and vacuum_skips("a/b/_tmp") and vacuum_skips("_q=1/x.parquet")
+    assert not vacuum_skips("_p=1/part-0.parquet", ["_p"]) and not vacuum_skips("_change_data/x.parquet")
+    assert not vacuum_skips("p=a/part-0.parquet", ["p"]) and not vacuum_skips("part-0.parquet")
 
 
 def _rewrite_log(uri: str, version: int, change: Callable[[dict[str, Any]], None]) -> None:
@@ -119,3 +119,22 @@ def test_spark_only_tables_partition_zorder_columns_and_a_retention_that_is_no_n
     for run in (lambda: optimize(spark_only), lambda: vacuum(spark_only)):
         with pytest.raises(ConfigError, match=r"--engine.*Spark-only"):
             run()
+
+
+def test_a_table_partitioned_by_a_column_starting_with_an_underscore_is_vacuumed_and_its_files_counted(
+    tmp_path: Path,
+) -> None:
+    """Its partition directories (``_p=a``) are data, not hidden: the check after the vacuum found every committed
+    file missing (the listing skipped them) and the report counted none."""
+    uri = str(tmp_path / "t")
+    for n in range(2):
+        write_deltalake(uri, pa.table({"id": [n], "_p": ["a"]}), mode="append", partition_by=["_p"])
+    Path(uri, "_p=a/part-00000-orphan.parquet").write_bytes(b"x")
+    _age(uri, 3)
+    committed = referenced_paths(uri)
+    assert committed and all(path.startswith("_p=a/") for path in committed)
+
+    report = vacuum(uri, retain_hours=2)
+    assert report.status == "ok" and report.details["deleted"] == 1 and report.details["bytes_freed"] == 1
+    assert report.files_before == 3 and report.files_after == 2
+    assert not Path(uri, "_p=a/part-00000-orphan.parquet").exists() and all(Path(uri, p).exists() for p in committed)
