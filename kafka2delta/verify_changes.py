@@ -80,6 +80,8 @@ class ChangesReport:
     """Commits whose rows cannot be told, by version: why (files vacuumed, deletion vectors …)."""
     log_starts_at: int = 0
     """Where the log read for those commits starts, when it has been cleaned up or has a gap (0: not)."""
+    never_held: list[Any] = field(default_factory=list)
+    """Soft deletes of keys no change read upserted and the table does not hold: nothing to mark, not missing."""
     later_by_value: bool = False
     """Rows were matched by value (a row looked for has no value unique to its change: ``kafka_offset`` or ``_lsn``,
     ``_lsn`` for a soft tombstone): a key whose last change brought back the values a job deleted or changed before
@@ -121,6 +123,7 @@ class ChangesReport:
                 "dead_letters_missing": self.dead_letters_missing,
                 "deleted_later_keys": [repr(k) for k in self.deleted_later],
                 "changed_later_keys": [repr(k) for k in self.changed_later],
+                "soft_deletes_never_held_keys": [repr(k) for k in self.never_held],
                 "later_commits": {
                     str(at): {"operation": c.operation, "keys": c.keys} for at, c in sorted(self.later_commits.items())
                 },
@@ -152,6 +155,12 @@ class ChangesReport:
             lines.append(f"  rows that differ: {len(self.different)} ({shown})")
         if self.dead_letters_missing:
             lines.append(f"  dead letters not recorded: {self.dead_letters_missing[:_SHOWN]}")
+        if self.never_held:
+            shown = ", ".join(repr(k) for k in self.never_held[:_SHOWN])
+            lines.append(
+                f"  soft deletes of keys the table never held: {len(self.never_held)} (e.g. {shown}; no row to mark, "
+                "not faults)"
+            )
         for label, keys in (("deleted", self.deleted_later), ("changed", self.changed_later)):
             if keys:
                 shown = ", ".join(repr(k) for k in keys[:_SHOWN])
@@ -294,10 +303,14 @@ def check_changes(
         else None
     )
     expected: dict[Any, dict[str, Any]] = {}
+    unplaced: dict[Any, dict[str, Any]] = {}
     if changes is not None:
         for row in changes.to_pylist():
-            deleted = row.pop(DELETE_FLAG)
-            if deleted and not soft:
+            # Still a delete after the soft collapse: no change read upserted its key (a flipped soft delete is an
+            # upsert, marked).
+            if row.pop(DELETE_FLAG):
+                if soft:
+                    unplaced[key_of(row, key)] = row
                 continue
             expected[key_of(row, key)] = row
     actual: dict[Any, dict[str, Any]] = {}
@@ -305,6 +318,11 @@ def check_changes(
     for row in rows.to_pylist() if rows.num_rows else []:
         actual[key_of(row, key)] = row
         held[key_of(row, key)] += 1
+    # The soft MERGE marks only a row it holds (found by review: a delete of a key the table never had, its insert a
+    # dead letter or before the connector started, was reported missing); compaction that took the key's upserts
+    # leaves a tombstone the table holds, compared as any.
+    expected.update((k, row) for k, row in unplaced.items() if k in actual)
+    unmarked = {k: row for k, row in unplaced.items() if k not in actual}
     report.keys = len(expected)
     report.missing = sorted((k for k in expected if k not in actual), key=repr)
     report.extra = sorted((k for k in actual if k not in expected), key=repr)
@@ -315,13 +333,16 @@ def check_changes(
     for k in sorted(set(expected) & set(actual), key=repr):
         if columns := differs(expected[k], actual[k]):
             report.different.append((k, columns))
-    if (report.missing or report.different) and version is not None:
+    if (report.missing or report.different or unmarked) and version is not None:
+        # A key with no row to mark may be a tombstone a job purged since (compaction took its upserts).
         walked = partial(_tombstone_differs, compared, key) if soft else differs
-        looked_for = [expected[k] for k in (*report.missing, *(k for k, _ in report.different))]
-        by_value = not all(_unique(row, compared, soft) for row in looked_for)
+        looked_for = {**expected, **unmarked}
+        shown = [looked_for[k] for k in (*report.missing, *(k for k, _ in report.different), *unmarked)]
+        by_value = not all(_unique(row, compared, soft) for row in shown)
         _explain_by_later_commits(
-            report, spec.uri, storage_options, version, key, schema, expected, actual, walked, deadline, by_value
+            report, spec.uri, storage_options, version, key, schema, looked_for, actual, walked, deadline, by_value
         )
+    report.never_held = sorted((k for k in unmarked if k not in report.deleted_later), key=repr)
     return report
 
 
@@ -369,9 +390,10 @@ def _explain_by_later_commits(
     by_value: bool,
 ) -> None:
     """Move the missing and differing keys that commits not made by the daemon deleted or changed (``jobs ttl``,
-    ``jobs mutate``) from the faults to ``deleted_later`` and ``changed_later``. ``by_value``: no column of the rows
+    ``jobs mutate``) from the faults to ``deleted_later`` and ``changed_later``; the other keys of ``expected`` the
+    table lacks (soft deletes with no row to mark: no fault either way) too. ``by_value``: no column of the rows
     compared is unique per change (said in the report)."""
-    held: dict[Any, dict[str, Any] | None] = {k: None for k in report.missing}
+    held: dict[Any, dict[str, Any] | None] = {k: None for k in expected.keys() - actual.keys()}
     held.update((k, actual[k]) for k, _ in report.different)
     found = later_changes(uri, storage_options, version, key, schema, expected, held, differs, deadline)
     report.deleted_later = sorted(found.deleted, key=repr)

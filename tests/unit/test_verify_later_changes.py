@@ -313,3 +313,30 @@ def test_a_key_a_job_deleted_then_inserted_again_is_changed_later(
     table.merge(again, "t.id = s.id", source_alias="s", target_alias="t").when_not_matched_insert_all().execute()
     report = _check(config)
     assert report.ok and report.changed_later == [1] and report.deleted_later == [], report.render()
+
+
+def test_a_soft_delete_of_a_key_the_table_never_held_is_no_missing_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by review: the soft MERGE marks only a row it holds, so a delete whose insert was a dead letter (or came
+    before the topic's history) leaves no row; verify reported the key missing."""
+    schema = json.dumps({"id": "long", "name": "string"})
+    config = change_config(tmp_path, "upsert", K2D_TABLE__SCHEMA=schema, K2D_TABLE__DELETE_MODE="soft")
+    records: list[tuple[bytes, bytes | None]] = [
+        (b'{"id": 1}', b'{"id": 1, "name": "a"}'),
+        (b'{"id": 7}', b"not json"),  # a dead letter
+        (b'{"id": 7}', None),
+        (b'{"id": 9}', None),  # a key the topic never upserted
+        (b'{"id": 1}', None),
+    ]
+    ingest_until_caught_up(config, TopicsSource([change_batch(P0, 0, records)], {P0: len(records)}))
+    assert sorted(DeltaTable(str(tmp_path / "table")).to_pyarrow_table().column("id").to_pylist()) == [1]
+    serve_topics(monkeypatch, {"cdc": {0: [(i, value, key) for i, (key, value) in enumerate(records)]}})
+    report = _check(config)
+    assert report.ok and report.never_held == [7, 9] and report.keys == 1, report.render()
+    assert "soft deletes of keys the table never held: 2 (e.g. 7, 9; no row to mark, not faults)" in report.render()
+    assert json.loads(report.to_json())["soft_deletes_never_held_keys"] == ["7", "9"]
+
+    DeltaTable(str(tmp_path / "table")).delete("id = 1", commit_properties=DAEMON)  # the daemon losing a tombstone
+    report = _check(config)
+    assert not report.ok and report.missing == [1] and report.never_held == [7, 9], report.render()
