@@ -39,6 +39,7 @@ from kafka2delta.routing import TableSpec
 from kafka2delta.verify_later_changes import KeyCommit, key_of, later_changes
 from kafka2delta.verify_reading import (
     Deadline,
+    is_compacted,
     partition_messages,
     read_partitions,
     read_table,
@@ -80,8 +81,12 @@ class ChangesReport:
     """Commits whose rows cannot be told, by version: why (files vacuumed, deletion vectors …)."""
     log_starts_at: int = 0
     """Where the log read for those commits starts, when it has been cleaned up or has a gap (0: not)."""
-    never_held: list[Any] = field(default_factory=list)
-    """Soft deletes of keys no change read upserted and the table does not hold: nothing to mark, not missing."""
+    unmarked: list[Any] = field(default_factory=list)
+    """Soft deletes of keys no change read upserted, with no row in the table: nothing to mark (its insert a dead
+    letter, or older than the topic's history), not missing. After compaction took the key's upserts, a tombstone a
+    job purged or the daemon lost looks the same."""
+    compacted_away: list[Any] = field(default_factory=list)
+    """Soft tombstones of a compacted topic that has no change of their key left: not extra."""
     later_by_value: bool = False
     """Rows were matched by value (a row looked for has no value unique to its change: ``kafka_offset`` or ``_lsn``,
     ``_lsn`` for a soft tombstone): a key whose last change brought back the values a job deleted or changed before
@@ -123,7 +128,8 @@ class ChangesReport:
                 "dead_letters_missing": self.dead_letters_missing,
                 "deleted_later_keys": [repr(k) for k in self.deleted_later],
                 "changed_later_keys": [repr(k) for k in self.changed_later],
-                "soft_deletes_never_held_keys": [repr(k) for k in self.never_held],
+                "soft_deletes_without_row_keys": [repr(k) for k in self.unmarked],
+                "tombstones_compacted_away_keys": [repr(k) for k in self.compacted_away],
                 "later_commits": {
                     str(at): {"operation": c.operation, "keys": c.keys} for at, c in sorted(self.later_commits.items())
                 },
@@ -155,11 +161,16 @@ class ChangesReport:
             lines.append(f"  rows that differ: {len(self.different)} ({shown})")
         if self.dead_letters_missing:
             lines.append(f"  dead letters not recorded: {self.dead_letters_missing[:_SHOWN]}")
-        if self.never_held:
-            shown = ", ".join(repr(k) for k in self.never_held[:_SHOWN])
+        if self.unmarked:
+            shown = ", ".join(repr(k) for k in self.unmarked[:_SHOWN])
             lines.append(
-                f"  soft deletes of keys the table never held: {len(self.never_held)} (e.g. {shown}; no row to mark, "
-                "not faults)"
+                f"  soft deletes with no upsert read and no row: {len(self.unmarked)} (e.g. {shown}; nothing to mark)"
+            )
+        if self.compacted_away:
+            shown = ", ".join(repr(k) for k in self.compacted_away[:_SHOWN])
+            lines.append(
+                f"  tombstones whose key compaction left no change of: {len(self.compacted_away)} (e.g. {shown}; "
+                "the table keeps the marked row)"
             )
         for label, keys in (("deleted", self.deleted_later), ("changed", self.changed_later)):
             if keys:
@@ -223,6 +234,7 @@ def check_upsert_table(
         raise ConfigError(f"{spec.route}.mode", "verify needs the daemon's stages to check an upsert table")
     options = config.table.storage_options
     bootstrap = config.kafka.bootstrap_servers
+    deadline = Deadline(timeout_s)
     return check_changes(
         spec,
         {topic: topic_partitions(bootstrap, topic, settings) for topic in topics},
@@ -231,7 +243,8 @@ def check_upsert_table(
         options,
         partial(dead_letter_offsets, spec.dead_letter_uri, options, dead_letters_of),
         pipeline_factory,
-        Deadline(timeout_s),
+        deadline,
+        lambda topic: is_compacted(bootstrap, topic, settings, deadline),
     )
 
 
@@ -244,10 +257,11 @@ def check_changes(
     dead_letters: Callable[[], set[tuple[str, int, int]]],
     pipeline_factory: Callable[[pa.Schema, TableSpec], Pipeline],
     deadline: Deadline | None = None,
+    compacted: Callable[[str], bool] = lambda topic: False,
 ) -> ChangesReport:
     """The upsert table of ``spec`` against the changes of its topics (``partitions``: each topic's) up to its txn
     versions. ``dead_letters`` gives the ``(topic, partition, offset)`` of the dead letters the table's topics
-    have."""
+    have; ``compacted(topic)``, whether the topic's ``cleanup.policy`` compacts it (asked only when it matters)."""
     assert spec.changes is not None
     deadline = deadline or Deadline(None)
     key = list(spec.changes.key)
@@ -322,10 +336,16 @@ def check_changes(
     # dead letter or before the connector started, was reported missing); compaction that took the key's upserts
     # leaves a tombstone the table holds, compared as any.
     expected.update((k, row) for k, row in unplaced.items() if k in actual)
-    unmarked = {k: row for k, row in unplaced.items() if k not in actual}
+    report.unmarked = sorted((k for k in unplaced if k not in actual), key=repr)
     report.keys = len(expected)
     report.missing = sorted((k for k in expected if k not in actual), key=repr)
     report.extra = sorted((k for k in actual if k not in expected), key=repr)
+    marked = [k for k in report.extra if actual[k].get(DELETED_COLUMN)] if soft else []
+    if marked and any(compacted(topic) for topic in partitions):
+        # Compaction keeps a key's last record, its tombstone, until delete.retention.ms: then the key has no change
+        # left to read, and the table keeps its marked row (found by review: reported extra).
+        report.compacted_away = marked
+        report.extra = [k for k in report.extra if not actual[k].get(DELETED_COLUMN)]
     # The one fault a per-key dict would hide: the same key twice, an insert where an update was due (found by review).
     report.duplicated = sorted((k for k, count in held.items() if count > 1), key=repr)
     compared = [c for c in expected_schema.names if c in schema.names]
@@ -333,16 +353,13 @@ def check_changes(
     for k in sorted(set(expected) & set(actual), key=repr):
         if columns := differs(expected[k], actual[k]):
             report.different.append((k, columns))
-    if (report.missing or report.different or unmarked) and version is not None:
-        # A key with no row to mark may be a tombstone a job purged since (compaction took its upserts).
+    if (report.missing or report.different) and version is not None:
         walked = partial(_tombstone_differs, compared, key) if soft else differs
-        looked_for = {**expected, **unmarked}
-        shown = [looked_for[k] for k in (*report.missing, *(k for k, _ in report.different), *unmarked)]
-        by_value = not all(_unique(row, compared, soft) for row in shown)
+        looked_for = [expected[k] for k in (*report.missing, *(k for k, _ in report.different))]
+        by_value = not all(_unique(row, compared, soft) for row in looked_for)
         _explain_by_later_commits(
-            report, spec.uri, storage_options, version, key, schema, looked_for, actual, walked, deadline, by_value
+            report, spec.uri, storage_options, version, key, schema, expected, actual, walked, deadline, by_value
         )
-    report.never_held = sorted((k for k in unmarked if k not in report.deleted_later), key=repr)
     return report
 
 
@@ -390,10 +407,9 @@ def _explain_by_later_commits(
     by_value: bool,
 ) -> None:
     """Move the missing and differing keys that commits not made by the daemon deleted or changed (``jobs ttl``,
-    ``jobs mutate``) from the faults to ``deleted_later`` and ``changed_later``; the other keys of ``expected`` the
-    table lacks (soft deletes with no row to mark: no fault either way) too. ``by_value``: no column of the rows
+    ``jobs mutate``) from the faults to ``deleted_later`` and ``changed_later``. ``by_value``: no column of the rows
     compared is unique per change (said in the report)."""
-    held: dict[Any, dict[str, Any] | None] = {k: None for k in expected.keys() - actual.keys()}
+    held: dict[Any, dict[str, Any] | None] = {k: None for k in report.missing}
     held.update((k, actual[k]) for k, _ in report.different)
     found = later_changes(uri, storage_options, version, key, schema, expected, held, differs, deadline)
     report.deleted_later = sorted(found.deleted, key=repr)

@@ -251,10 +251,13 @@ class DataFile:
 
 
 def data_files(
-    uri: str, storage_options: Mapping[str, str] = {}, partition_columns: Sequence[str] = ()
+    uri: str, storage_options: Mapping[str, str] = {}, partition_columns: Sequence[str] | None = None
 ) -> list[DataFile]:
     """Every Parquet file under the table root that a vacuum may delete (:func:`vacuum_skips` none of it): outside
-    ``_delta_log`` and hidden (``_``, ``.``) names, inside a partition directory whatever its name."""
+    ``_delta_log`` and hidden (``_``, ``.``) names, inside a partition directory whatever its name (the table's
+    ``partition_columns`` unless given)."""
+    if partition_columns is None:
+        partition_columns = open_table(uri, storage_options).metadata().partition_columns
     fs, root = table_filesystem(uri, storage_options)
     root = root.rstrip("/")
     try:
@@ -274,9 +277,10 @@ def data_files(
 
 
 def vacuum_skips(path: str, partition_columns: Sequence[str] = ()) -> bool:
-    """Whether a vacuum (Spark's, delta-rs's) leaves the file at ``path`` (relative to the table root) alone: a hidden
-    name anywhere in it, ``_`` or ``.`` first, except a partition directory (``<partition column>=…``, so a column
-    ``_p`` is no exception) and Delta's ``_change_data`` and ``_delta_index`` (DeltaTableUtils.isHiddenDirectory)."""
+    """Whether Spark's VACUUM leaves the file at ``path`` (relative to the table root) alone: a hidden name anywhere in
+    it, ``_`` or ``.`` first, except a partition directory (``<partition column>=…``, so a column ``_p`` is no
+    exception) and Delta's ``_change_data`` and ``_delta_index`` (DeltaTableUtils.isHiddenDirectory). delta-rs skips
+    less (top-level names only): its lane filters delta-rs's list by this rule."""
     partitions = tuple(f"{column}=" for column in partition_columns)
     return any(
         part.startswith(("_", "."))

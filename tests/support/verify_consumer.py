@@ -116,4 +116,5 @@ def serve_topics(
     monkeypatch.setattr(verify, "topic_partitions", partitions)
     monkeypatch.setattr(verify_changes, "topic_partitions", partitions)
     monkeypatch.setattr(verify, "is_compacted", lambda *args: compacted)
+    monkeypatch.setattr(verify_changes, "is_compacted", lambda *args: compacted)
     return made

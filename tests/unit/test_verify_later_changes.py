@@ -222,7 +222,7 @@ def test_soft_deletes_earlier_tombstone_a_job_purged_does_not_explain_a_lost_las
     assert not report.ok and report.missing == [1] and report.deleted_later == [], report.render()
 
 
-def test_a_tombstone_a_job_purged_is_deleted_later_when_compaction_left_only_the_delete(
+def test_a_tombstone_a_job_purged_after_compaction_left_only_the_delete_has_no_row_to_mark(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Found by review: the expected tombstone, made from the delete alone (the topic compacted the upsert away), has
@@ -238,10 +238,10 @@ def test_a_tombstone_a_job_purged_is_deleted_later_when_compaction_left_only_the
     served = [(i, value, key) for i, (key, value) in enumerate(records) if i != 1]  # compaction removed offset 1
     serve_topics(monkeypatch, {"cdc": {0: served}}, compacted=True)
     report = _check(config)
-    assert report.ok and report.deleted_later == [1] and not report.later_by_value, report.render()
+    assert report.ok and report.unmarked == [1] and report.deleted_later == [], report.render()
 
 
-def test_debeziums_tombstone_after_a_delete_and_compaction_leave_a_purged_tombstone_deleted_later(
+def test_debeziums_tombstone_after_a_delete_and_compaction_leave_a_purged_tombstone_no_row_to_mark(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Found by review: compaction keeps Debezium's tombstone (no value) and drops the delete event: the expected row
@@ -258,7 +258,7 @@ def test_debeziums_tombstone_after_a_delete_and_compaction_leave_a_purged_tombst
     served = [(i, value, key) for i, (key, value) in enumerate(records) if i in (0, 3)]
     serve_topics(monkeypatch, {"cdc": {0: served}}, compacted=True)
     report = _check(config)
-    assert report.ok and report.deleted_later == [1], report.render()
+    assert report.ok and report.unmarked == [1] and report.deleted_later == [], report.render()
 
 
 def test_soft_tombstones_without_change_columns_are_told_apart_by_their_data(
@@ -333,10 +333,45 @@ def test_a_soft_delete_of_a_key_the_table_never_held_is_no_missing_key(
     assert sorted(DeltaTable(str(tmp_path / "table")).to_pyarrow_table().column("id").to_pylist()) == [1]
     serve_topics(monkeypatch, {"cdc": {0: [(i, value, key) for i, (key, value) in enumerate(records)]}})
     report = _check(config)
-    assert report.ok and report.never_held == [7, 9] and report.keys == 1, report.render()
-    assert "soft deletes of keys the table never held: 2 (e.g. 7, 9; no row to mark, not faults)" in report.render()
-    assert json.loads(report.to_json())["soft_deletes_never_held_keys"] == ["7", "9"]
+    assert report.ok and report.unmarked == [7, 9] and report.keys == 1, report.render()
+    assert "soft deletes with no upsert read and no row: 2 (e.g. 7, 9; nothing to mark)" in report.render()
+    assert json.loads(report.to_json())["soft_deletes_without_row_keys"] == ["7", "9"]
 
     DeltaTable(str(tmp_path / "table")).delete("id = 1", commit_properties=DAEMON)  # the daemon losing a tombstone
     report = _check(config)
-    assert not report.ok and report.missing == [1] and report.never_held == [7, 9], report.render()
+    assert not report.ok and report.missing == [1] and report.unmarked == [7, 9], report.render()
+
+
+def test_a_soft_tombstone_whose_every_change_compaction_removed_is_no_extra_key_on_a_compacted_topic_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by review: compaction keeps a deleted key's tombstone until delete.retention.ms, then nothing of the key;
+    the table keeps its marked row, which was reported extra."""
+    schema = json.dumps({"id": "long", "name": "string"})
+    config = change_config(tmp_path, "upsert", K2D_TABLE__SCHEMA=schema, K2D_TABLE__DELETE_MODE="soft")
+    records: list[tuple[bytes, bytes | None]] = [
+        (b'{"id": 2}', b'{"id": 2, "name": "b"}'),
+        (b'{"id": 1}', b'{"id": 1, "name": "a"}'),
+        (b'{"id": 1}', None),
+        (b'{"id": 3}', b'{"id": 3, "name": "c"}'),
+    ]
+    ingest_until_caught_up(config, TopicsSource([change_batch(P0, 0, records)], {P0: len(records)}))
+    served = [(i, value, key) for i, (key, value) in enumerate(records) if i not in (1, 2)]
+    serve_topics(monkeypatch, {"cdc": {0: served}}, compacted=True)
+    report = _check(config)
+    assert report.ok and report.compacted_away == [1] and report.extra == [], report.render()
+    assert "tombstones whose key compaction left no change of: 1 (e.g. 1; the table keeps the marked row)" in (
+        report.render()
+    )
+    assert json.loads(report.to_json())["tombstones_compacted_away_keys"] == ["1"]
+
+    DeltaTable(str(tmp_path / "table")).update(
+        updates={"_deleted": "false"}, predicate="id = 1", commit_properties=DAEMON
+    )
+    assert _check(config).extra == [1]  # a row no change left standing, unmarked: still a fault
+    DeltaTable(str(tmp_path / "table")).update(
+        updates={"_deleted": "true"}, predicate="id = 1", commit_properties=DAEMON
+    )
+    serve_topics(monkeypatch, {"cdc": {0: served}}, compacted=False)
+    report = _check(config)
+    assert not report.ok and report.extra == [1] and report.compacted_away == [], report.render()
