@@ -37,7 +37,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, cast
 
-from kafka2delta.config import SchemaRegistryConfig
+from kafka2delta.config import SchemaRegistryConfig, without_credentials
 from kafka2delta.errors import ConfigError, FatalError, MessageError, RetryableError
 from kafka2delta.registry import NEGATIVE_TTL_S, RegisteredSchema, SchemaType
 
@@ -101,7 +101,8 @@ class GlueRegistry:
                 self._client = _glue_client(config)  # a bad region or endpoint is a config error at start
             except RetryableError:
                 self._client = None  # credentials not fetchable yet (a Pod Identity agent starting): at first use
-        self.where = f"Glue schema registry at {config.endpoint_url}" if config.endpoint_url else "Glue schema registry"
+        endpoint = without_credentials(config.endpoint_url) if config.endpoint_url else ""
+        self.where = f"Glue schema registry at {endpoint}" if endpoint else "Glue schema registry"
         """How errors and logs name the registry."""
         self._cache_size = config.cache_size
         self._clock = clock
@@ -180,6 +181,10 @@ class GlueRegistry:
         text = answer.get("SchemaDefinition")
         schema_type = answer.get("DataFormat")
         number = answer.get("VersionNumber", 0)
+        if not {"SchemaDefinition", "DataFormat", "VersionNumber"} & answer.keys():
+            # botocore returns what it parsed of a body cut short (a dropped connection): only ResponseMetadata
+            # (found by review). The Confluent edge retries a truncated answer too.
+            raise RetryableError(f"{self.where} answered GetSchemaVersion for {version_id} with no schema (cut short?)")
         if not isinstance(text, str) or schema_type not in _SCHEMA_TYPES or not isinstance(number, int):
             raise FatalError(
                 f"schema_registry.type: the {self.where} answered something that is not a schema "

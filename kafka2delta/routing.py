@@ -44,7 +44,7 @@ class TableSpec:
     """One table as the routes resolve it for a topic: where it is, how it is made, how it names its txns."""
 
     name: str
-    """The ``table`` label of metrics and status: the route's name, or the table URI."""
+    """The ``table`` label of metrics and status: the route's name, or the table URI (its credentials masked)."""
     uri: str
     txn_ids: TxnIds
     columns: Mapping[str, str]
@@ -206,7 +206,7 @@ class Routes:
                     if not is_required(columns[name]):
                         columns[name] = f"{columns[name]} not null"
         spec = TableSpec(
-            name=config.name or uri,
+            name=config.name or without_credentials(uri),  # a label and a dead letter's column: never a password
             uri=uri,
             txn_ids=self._txn_ids(route),
             columns=columns,

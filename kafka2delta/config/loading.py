@@ -138,7 +138,8 @@ def _json_array(key: str, variable: str, text: str) -> list[Any]:
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{key} (from {variable})", f"expected a JSON array: {exc}") from exc
     if not isinstance(value, list):
-        raise ConfigError(f"{key} (from {variable})", f"expected a JSON array, got {text!r}")
+        # Not the text: it may hold a route's credentials, and the error is printed before anything masks them.
+        raise ConfigError(f"{key} (from {variable})", f"expected a JSON array, got a JSON {type(value).__name__}")
     return value
 
 

@@ -87,6 +87,8 @@ def without_credentials(text: str) -> str:
     ``user:password@host``, a lone user part of a URL (a token), and ``user:password@host:8081`` written with no
     scheme (it parses as scheme ``user``). An Azure URI's container stays readable."""
     parts = urlsplit(text)
+    if unencoded := _unencoded_userinfo(text):
+        return f"{unencoded[0]}:{MASK}@{text.rsplit('@', 1)[1]}"
     if "@" not in parts.netloc:
         return f"{MASK}@{text.rsplit('@', 1)[1]}" if _schemeless_userinfo(text) else text
     user, host = parts.netloc.rsplit("@", 1)
@@ -95,6 +97,23 @@ def without_credentials(text: str) -> str:
     elif parts.scheme.lower() not in _CONTAINER_USER_SCHEMES:
         user = MASK
     return urlunsplit(parts._replace(netloc=f"{user}@{host}"))
+
+
+_PORT_AND_PATH = re.compile(r"\d*(?:[/?#]|$)")
+
+
+def _unencoded_userinfo(text: str) -> tuple[str, str] | None:
+    """``scheme://user`` and the password of ``scheme://user:pass/word@host``: a ``/``, ``?`` or ``#`` in a password
+    that is not percent-encoded ends the URL's host part before the ``@`` (found by review: nothing was masked). Not
+    ``scheme://host:8081/path@x``: a port."""
+    scheme, sep, rest = text.partition("://")
+    head = rest.rpartition("@")[0]
+    user, colon, secret = head.partition(":")
+    if not sep or not colon or "@" in urlsplit(text).netloc or re.search(r"[/?#]", user):
+        return None
+    if not re.search(r"[/?#]", secret) or _PORT_AND_PATH.match(secret):
+        return None
+    return f"{scheme}://{user}", secret
 
 
 def _schemeless_userinfo(text: str) -> bool:
@@ -112,7 +131,9 @@ def uri_secrets(text: str) -> list[str]:
     """The secret a URI carries in its user part (see :func:`without_credentials`), as written and
     percent-decoded; none for a lone user name."""
     parts = urlsplit(text)
-    if "@" not in parts.netloc:
+    if unencoded := _unencoded_userinfo(text):
+        secret = unencoded[1]
+    elif "@" not in parts.netloc:
         secret = text.rpartition("@")[0].split(":", 1)[1] if _schemeless_userinfo(text) else ""
     else:
         user = parts.netloc.rsplit("@", 1)[0]
@@ -618,7 +639,8 @@ class Config:
 
     def _uris(self) -> list[str]:
         """Every URI of the config that may carry credentials (``user:password@``)."""
-        uris = [self.schema_registry.url, self.table.uri, self.dead_letters.table_uri]
+        registry = self.schema_registry
+        uris = [registry.url, registry.endpoint_url, self.table.uri, self.dead_letters.table_uri]
         uris += [uri for route in self.routes for uri in (route.uri, route.dead_letter_table_uri)]
         return [uri for uri in uris if uri]
 
@@ -631,7 +653,8 @@ class Config:
         registry = without_credentials(self.schema_registry.url) if self.schema_registry.url else "none"
         if self.schema_registry.type == "glue":
             glue = self.schema_registry
-            registry = f"glue ({', '.join(filter(None, [glue.region, glue.endpoint_url])) or 'AWS defaults'})"
+            endpoint = without_credentials(glue.endpoint_url) if glue.endpoint_url else ""
+            registry = f"glue ({', '.join(filter(None, [glue.region, endpoint])) or 'AWS defaults'})"
         dead_letters = without_credentials(self.dead_letter_table_uri) + (
             f", topic {self.dead_letters.topic}" if self.dead_letters.topic else ""
         )

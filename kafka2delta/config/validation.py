@@ -595,12 +595,19 @@ def check_table_uri(key: str, uri: str) -> None:
     parts = urlsplit(uri)
     scheme = parts.scheme.lower()
     if scheme in S3_SCHEMES + AZURE_SCHEMES + GCS_SCHEMES and not parts.netloc:
-        raise ConfigError(key, f"{uri!r} names no bucket (or container): e.g. {scheme}://bucket/path")
+        raise ConfigError(
+            key, f"{without_credentials(uri)!r} names no bucket (or container): e.g. {scheme}://bucket/path"
+        )
     if scheme == "file" and parts.netloc not in ("", "localhost"):
         raise ConfigError(
             key,
-            f"{without_credentials(uri)!r} names the host {parts.netloc!r}: a local table is file:///absolute/path "
+            # The host alone: a netloc's user part may hold a password (found by review).
+            f"{without_credentials(uri)!r} names the host {parts.netloc.rsplit('@', 1)[-1]!r}: a local table is "
+            "file:///absolute/path "
             "(three slashes) or a plain path",
         )
     if scheme in ("", "file") and not parts.path.strip("/"):
-        raise ConfigError(key, f"{uri!r} is the root directory (or nothing): give the table a directory of its own")
+        raise ConfigError(
+            key,
+            f"{without_credentials(uri)!r} is the root directory (or nothing): give the table a directory of its own",
+        )

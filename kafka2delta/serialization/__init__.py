@@ -67,7 +67,7 @@ from kafka2delta.serialization.base import (
     utf8_reason,
 )
 from kafka2delta.serialization.framing import ConfluentFraming, Framing, GlueFraming, split_glue
-from kafka2delta.serialization.glue_json import GlueJsonDeserializer
+from kafka2delta.serialization.glue_json import GlueJsonPayloads
 from kafka2delta.serialization.json import JsonDeserializer, json_readable, parse_json, parse_json_object
 from kafka2delta.serialization.protobuf import ProtobufCodec, ProtobufDeserializer, compile_proto, protobuf_to_arrow
 from kafka2delta.serialization.protobuf_indexes import glue_message_order, read_message_indexes
@@ -82,7 +82,7 @@ __all__ = [
     "Decoded",
     "Deserializer",
     "Framing",
-    "GlueJsonDeserializer",
+    "GlueJsonPayloads",
     "JsonDeserializer",
     "ProtobufDeserializer",
     "RawDeserializer",
@@ -112,7 +112,7 @@ def build_deserializer(format: FormatConfig, registry: Registry | None, topic: s
     keys = build_key_decoder(format, registry)
     if format.type == "json":
         if isinstance(registry, GlueRegistry):  # JSON (Schema) values in Glue's wire format
-            return GlueJsonDeserializer(JsonDeserializer(keys), registry)
+            return JsonDeserializer(keys, unwrap=GlueJsonPayloads(registry))
         return JsonDeserializer(keys, gzip=format.gzip)
     if format.type == "raw":
         return RawDeserializer(keys, column=format.raw_column, gzip=format.gzip)

@@ -12,7 +12,7 @@ import json
 import math
 import re
 import resource
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 from typing import Any, cast
@@ -44,7 +44,8 @@ except ImportError:  # pragma: no cover - exercised only where orjson is not ins
     _orjson = None  # type: ignore[assignment]
 
 GZIP_ROUND_BYTES = 128 * 1024 * 1024
-"""At most this many gunzipped bytes are held at once while a batch is read (it is read in rounds)."""
+"""At most this many unwrapped (gunzipped, zlib-inflated) bytes are held at once while a batch is read (it is read
+in rounds)."""
 _BOM = b"\xef\xbb\xbf"
 # Significant digits a double always round-trips; a longer JSON number keeps its text (ExactFloat).
 _DOUBLE_DIGITS = 15
@@ -218,9 +219,12 @@ class JsonDeserializer(BaseDeserializer):
     without fractional seconds become timestamp[s], integers beyond 64 bits become doubles.
     """
 
-    def __init__(self, keys: KeyDecoder | None, *, gzip: bool = False) -> None:
+    def __init__(
+        self, keys: KeyDecoder | None, *, gzip: bool = False, unwrap: Callable[[bytes], bytes] | None = None
+    ) -> None:
+        """``unwrap``: the JSON text inside each payload (Glue's header taken off, inflated); ``gzip``: gunzip."""
         super().__init__(keys)
-        self._gzip = gzip
+        self._unwrap = unwrap or (gunzip if gzip else None)
         self.set_read_schema(pa.schema([]))
         self.reads = 0
         """Arrow reads so far (tests check that bisection stays bounded)."""
@@ -232,14 +236,14 @@ class JsonDeserializer(BaseDeserializer):
         )
 
     def _document(self, payload: bytes) -> dict[str, Any]:
-        return parse_json_object(gunzip(payload) if self._gzip else payload)
+        return parse_json_object(self._unwrap(payload) if self._unwrap else payload)
 
     def _decode_values(self, messages: PartitionMessages, positions: Sequence[int]) -> Decoded:
         failures: list[tuple[int, MessageError]] = []
         raw = messages.payloads
         maybe = [raw[p] for p in positions]
-        if self._gzip:
-            return self._decode_gzipped(messages, positions)
+        if self._unwrap:
+            return self._decode_in_rounds(messages, positions, self._unwrap)
         if None in maybe:
             kept: list[int] = []
             payloads: list[bytes] = []
@@ -258,8 +262,10 @@ class JsonDeserializer(BaseDeserializer):
             decoded.failures = sorted(failures + decoded.failures, key=lambda failure: failure[0])
         return decoded
 
-    def _decode_gzipped(self, messages: PartitionMessages, positions: Sequence[int]) -> Decoded:
-        """Gunzip and read in rounds of at most GZIP_ROUND_BYTES decompressed: a batch of small
+    def _decode_in_rounds(
+        self, messages: PartitionMessages, positions: Sequence[int], unwrap: Callable[[bytes], bytes]
+    ) -> Decoded:
+        """Unwrap and read in rounds of at most GZIP_ROUND_BYTES unwrapped: a batch of small
         payloads that inflate enormously must not all be held inflated at once."""
         failures: list[tuple[int, MessageError]] = []
         rounds: list[Decoded] = []
@@ -268,7 +274,7 @@ class JsonDeserializer(BaseDeserializer):
         held = 0
         for position in positions:
             try:
-                payload = gunzip(payload_at(messages, position))
+                payload = unwrap(payload_at(messages, position))
             except MessageError as exc:
                 failures.append((position, exc))
                 continue

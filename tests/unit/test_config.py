@@ -2,7 +2,8 @@ from pathlib import Path
 
 import pytest
 
-from kafka2delta.config import MASK, is_secret_key, load_config
+from kafka2delta.config import MASK, is_secret_key, load_config, without_credentials
+from kafka2delta.config.sections import uri_secrets
 from kafka2delta.errors import ConfigError
 
 MINIMAL = """
@@ -128,6 +129,22 @@ def test_errors_name_the_key(tmp_path: Path, text: str, env: dict[str, str], key
 
 
 @pytest.mark.parametrize(
+    ("env", "words"),
+    [
+        ({"K2D_TABLE__URI": "file://admin:hunter2@nas/x/t"}, "names the host 'nas'"),
+        ({"K2D_TABLE__URI": "//admin:hunter2@nas"}, "the root directory"),
+        ({"K2D_TABLE__URI": "s3://admin:hunter2@"}, "a table at the root of a bucket"),
+        ({"K2D_ROUTES": '{"uri": "s3://k:hunter2@lake/t"}'}, "expected a JSON array, got a JSON dict"),
+    ],
+)
+def test_errors_at_load_never_print_a_password(tmp_path: Path, env: dict[str, str], words: str) -> None:
+    """Found by review: they are printed before the log's masking exists."""
+    with pytest.raises(ConfigError) as raised:
+        load_config(write(tmp_path, MINIMAL), environ=env)
+    assert words in str(raised.value) and "hunter2" not in str(raised.value)
+
+
+@pytest.mark.parametrize(
     ("uri", "dead_letters"),
     [
         ("s3://lake/raw/{topic}", "s3://lake/raw/_dead_letters"),
@@ -189,6 +206,22 @@ def test_credentials_in_uris_are_masked_and_redacted(tmp_path: Path) -> None:
     assert "reg%40pass" not in summary and "tokenvalue" not in summary and "abfss://lake@account" in summary
     admin = load_config(write(tmp_path, MINIMAL), environ={"K2D_SCHEMA_REGISTRY__URL": "https://admin@registry:8081"})
     assert "admin" not in admin.secret_values()
+
+
+@pytest.mark.parametrize(
+    ("uri", "shown", "secret"),
+    [
+        ("https://u:pa/ss@registry:8081", f"https://u:{MASK}@registry:8081", "pa/ss"),
+        ("https://u:pa?ss#x@registry:8081/api", f"https://u:{MASK}@registry:8081/api", "pa?ss#x"),
+        ("https://registry:8081/v1@latest", "https://registry:8081/v1@latest", None),  # a port, a path with @
+    ],
+)
+def test_a_password_with_an_unencoded_slash_question_mark_or_hash_is_masked(
+    uri: str, shown: str, secret: str | None
+) -> None:
+    """Found by review: the URL's host part ends at that character, before the @, and nothing was masked."""
+    assert without_credentials(uri) == shown
+    assert uri_secrets(uri) == ([secret] if secret else [])
 
 
 @pytest.mark.parametrize(

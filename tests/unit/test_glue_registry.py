@@ -3,6 +3,7 @@ Stubber for the errors moto does not make), the Avro lane through it, and the co
 
 from __future__ import annotations
 
+import json
 import socket
 import sys
 import uuid
@@ -21,9 +22,11 @@ from kafka2delta.config import FormatConfig, SchemaRegistryConfig, load_config
 from kafka2delta.errors import ConfigError, FatalError, MessageError, RetryableError
 from kafka2delta.registry import NEGATIVE_TTL_S
 from kafka2delta.registry_glue import GlueRegistry
-from kafka2delta.serialization import MAX_DECOMPRESSED_BYTES, build_deserializer, split_glue
+from kafka2delta.serialization import MAX_DECOMPRESSED_BYTES, build_deserializer, framing, split_glue
+from kafka2delta.serialization import json as json_format
 from kafka2delta.serialization.avro_batch import PADDING
 from kafka2delta.serialization.framing import GlueFraming
+from kafka2delta.serialization.json import JsonDeserializer
 from tests.support.glue import REGION, GlueSchemas, glue_avro, glue_client, glue_environment, glue_frame
 from tests.support.serialization import avro_datum, framed_avro, messages
 
@@ -247,6 +250,16 @@ def test_an_answer_that_is_not_a_schema_is_fatal() -> None:
             edge.schema_version(UNKNOWN)
 
 
+def test_an_answer_cut_short_is_retried() -> None:
+    """Found by review: botocore returns what it parsed of a body the connection dropped (no schema fields at all)."""
+    client = glue_client()
+    edge = registry(client=client)
+    with Stubber(client) as stub:
+        stub.add_response("get_schema_version", {})
+        with pytest.raises(RetryableError, match="cut short"):
+            edge.schema_version(UNKNOWN)
+
+
 # --- the Avro lane through Glue ------------------------------------------------------------------
 
 
@@ -354,6 +367,30 @@ def test_json_in_glue_wire_format_goes_through_the_json_lane(glue: GlueSchemas) 
         with pytest.raises(MessageError) as caught:
             deserializer.document(messages(payloads), position)
         assert caught.value.reason == found[position]
+
+
+def test_a_batch_holds_a_bounded_number_of_inflated_bytes_in_either_lane(
+    glue: GlueSchemas, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by review: each payload's inflated size was capped, the batch's not (200 zlib bombs of 64 KB each held
+    12.8 GiB inflated); what is left over takes the per-message lane, one payload at a time, with the same rows."""
+    avro_version = glue.register("events", V1)
+    json_version = glue.register("json-events", {"type": "object"}, "JSON")
+    monkeypatch.setattr(framing, "GLUE_INFLATED_BATCH_BYTES", 30)
+    monkeypatch.setattr(json_format, "GZIP_ROUND_BYTES", 30)
+    rows = [{"id": f"{n:020d}", "n": n} for n in range(6)]
+    avro = [glue_avro(avro_version, V1, row, zlib_compressed=True) for row in rows]
+    laid = GlueFraming(registry()).lay_out(avro)
+    assert (laid.schemas >= 0).tolist() == [True, True, False, False, False, False]  # past 30 inflated bytes
+    json_payloads = [glue_frame(json_version, json.dumps(row).encode(), zlib_compressed=True) for row in rows]
+    for format, payloads in ((FormatConfig(type="avro"), avro), (FormatConfig(type="json"), json_payloads)):
+        deserializer = build_deserializer(format, registry(), "events")
+        decoded = deserializer.decode(messages(payloads), range(len(payloads)))
+        by_position = dict(zip(decoded.fast, decoded.table.to_pylist(), strict=True))
+        by_position.update(decoded.documents)
+        assert by_position == dict(enumerate(rows)) and decoded.failures == [], format.type
+        if isinstance(deserializer, JsonDeserializer):
+            assert deserializer.reads == len(rows)  # a round per payload: each is past 30 bytes
 
 
 # --- configuration -------------------------------------------------------------------------------

@@ -30,6 +30,13 @@ def test_one_topic_one_table_keeps_todays_ids() -> None:
     assert explicit.table_for("events").txn_ids.main(TopicPartition("events", 3)) == "ingest-3"
 
 
+def test_a_table_named_by_its_uri_is_named_without_its_password() -> None:
+    """Found by review: the name labels metrics (served as they are) and fills the dead letters' ``table`` column."""
+    uri = "https://admin:hunter2@delta.example.com/tables/events"
+    spec = Routes(config(K2D_KAFKA__TOPIC="events", K2D_TABLE__URI=uri)).table_for("events")
+    assert (spec.uri, spec.name) == (uri, "https://admin:***@delta.example.com/tables/events")
+
+
 def test_a_uri_template_gives_each_topic_its_table() -> None:
     routes = Routes(config(K2D_KAFKA__TOPICS="orders,refunds", K2D_TABLE__URI="s3://lake/raw/{topic}"))
     orders, refunds = routes.table_for("orders"), routes.table_for("refunds")
