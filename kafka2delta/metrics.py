@@ -332,7 +332,10 @@ class Metrics:
         )
         self._buffered = Gauge(f"{_PREFIX}_buffered_messages", "Messages buffered, not yet committed.", registry=r)
         self._buffered_bytes = Gauge(
-            f"{_PREFIX}_buffered_bytes", "Arrow bytes of the buffered rows, not yet committed.", registry=r
+            f"{_PREFIX}_buffered_bytes",
+            "Memory the buffers take, not yet committed: encoded and Arrow bytes of the rows, 16 B a row, and the "
+            "dead letters' payloads (what ingest.max_buffered_bytes bounds).",
+            registry=r,
         )
         self._assigned = Gauge(f"{_PREFIX}_assigned_partitions", "Partitions assigned to this daemon.", registry=r)
         since = Gauge(

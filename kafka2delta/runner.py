@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
 
 from kafka2delta import faults
@@ -201,7 +201,7 @@ class Ingestor:
                 self._accept(batch)
                 due = self._buffers.due(self._clock())
                 if due:
-                    self._flush(due.reason, tables=due.tables)
+                    self._flush(due.reasons)
                 elif not self._buffers:
                     self._turns.idle(self._tables)
                 if until_caught_up and self._caught_up():
@@ -278,7 +278,7 @@ class Ingestor:
                 state.position = piece.offsets[-1]
                 self._progress.taken(len(piece))
                 if self._buffers.room(tp) == 0:
-                    self._flush("records", tables=self._buffers.tables_of(tp))
+                    self._flush(dict.fromkeys(self._buffers.tables_of(tp), "records"))
                     now = self._clock()
         # A partition resynced meanwhile reads again from before the end this batch reached.
         self._reached.update({tp: end for tp, end in batch.end_offsets.items() if tp not in self._resynced})
@@ -353,13 +353,15 @@ class Ingestor:
 
     # --- flush: each table in its turn ------------------------------------------------------
 
-    def _flush(
-        self, reason: str, tables: frozenset[str] | None = None, partitions: set[TopicPartition] | None = None
-    ) -> None:
-        """Commit the buffers of ``tables`` and of ``partitions`` (both None: everything), table by table, then
-        record the Kafka group offsets of what every table of a partition has committed (for lag tools only)."""
-        if tables is not None:
-            tables = tables | self._first_commits(tables)
+    def _flush(self, reasons: str | Mapping[str, str], partitions: set[TopicPartition] | None = None) -> None:
+        """Commit the buffers of the tables ``reasons`` names, each for its reason (a table committed first with
+        them: for the first one's), or with one reason the buffers of ``partitions`` (None: everything), table by
+        table; then record the Kafka group offsets of what every table of a partition has committed (for lag
+        tools only)."""
+        tables: frozenset[str] | None = None
+        if not isinstance(reasons, str):
+            tables = frozenset(reasons) | self._first_commits(frozenset(reasons))
+            reasons = {uri: reasons.get(uri, next(iter(reasons.values()))) for uri in tables}
         taken = self._buffers.take(tables, partitions)
         # A table's first commit for a partition goes first: after a crash between the commits, a table
         # holding nothing of a partition then means a route added since, never rows lost (DESIGN.md).
@@ -380,6 +382,7 @@ class Ingestor:
             dropped = self._resynced_in_flush
             buffers = {tp: buffer for tp, buffer in taken[uri].items() if tp not in dropped}
             if buffers:
+                reason = reasons if isinstance(reasons, str) else reasons[uri]
                 committed |= self._flush_table(reason, self._tables[uri], buffers)
         self._positions.settle_marks(order, taken, self._partitions, self._resynced_in_flush)
         offsets = {tp: self._partitions[tp].committed for tp in committed if tp in self._partitions}
@@ -432,7 +435,7 @@ class Ingestor:
     def _pace(self, table: TableSink, version: int) -> None:
         """After a commit: how long the table's buffers may wait now (longer when its writers share a budget)."""
         before = table.pacer.interval_s
-        interval = table.pacer.committed(version)
+        interval = table.pacer.committed(version, self._clock())
         self._buffers.set_latency(table.spec.uri, interval)
         self._progress.paced(table.name, writers=table.pacer.writers, interval_s=interval, before_s=before)
 
@@ -576,8 +579,12 @@ class Ingestor:
             self._config.kafka.missing_offset_policy,
             str(tp),
         )
-        self._metrics.offset_out_of_range(tp.topic, tp.partition)
-        logger.error("%s", decision.reason)
+        if decision.out_of_range:
+            self._metrics.offset_out_of_range(tp.topic, tp.partition)
+            logger.error("%s", decision.reason)
+        else:  # a report older than a seek since (found by review: logged as an error, counted)
+            start = decision.offset.value if isinstance(decision.offset, LogicalOffset) else decision.offset
+            logger.info("%s: reported out of range, but %s is in [%d, %d] now: reading on", tp, start, low, high)
         if isinstance(decision.offset, int):
             state.position = decision.offset - 1
         state.start = first_offset(decision.offset, low, high)
@@ -637,7 +644,9 @@ class Ingestor:
                 state.start = first_offset(decision.offset, low, high)
                 self._partitions[tp] = state
                 self._targets.setdefault(tp, high)
-                starts[tp] = decision.offset
+                # Latest as the end read here, where the marks and the lag count from, not as the broker's end at the
+                # first fetch (found by review: messages in between were read only by a replay, for some tables).
+                starts[tp] = state.start if decision.offset is LogicalOffset.LATEST else decision.offset
         self._metrics.assigned(len(self._partitions))
         self._publish_partitions()
         return starts

@@ -173,7 +173,10 @@ class Tables:
                     table_commits_per_s=self._ingest.table_commits_per_s,
                 ),
             )
-            self._board.table_opened(spec.name, spec.uri, opened.writer.version)
+            # A table made by its first rows asks the storage whether it exists yet (found by review: outside the
+            # retrier, one transient error in an assignment stopped the daemon).
+            version = self._retrier.run(f"reading the version of {spec.uri}", lambda: opened.writer.version)
+            self._board.table_opened(spec.name, spec.uri, version)
         return sink
 
     def _dead_letters_at(self, uri: str) -> DeadLetterStore:
@@ -218,7 +221,7 @@ class Tables:
             logger.info(
                 "closed table %s: no assigned partition has written it for %g s (its topics deleted or assigned to "
                 "another daemon); a partition assigned again reopens it",
-                uri if sink.name == sink.spec.uri else f"{sink.name} ({uri})",
+                uri if sink.name == uri else f"{sink.name} ({uri})",
                 self._ingest.unused_table_close_s,
             )
         # A route's name labels every table its {topic} URI makes: a name goes when its last table does (found by

@@ -46,6 +46,8 @@ class PartitionBuffer:
     row_deletes: list[pa.Array] = field(default_factory=list)
     """Upsert tables: whether each buffered row deletes its key, aligned with ``row_offsets``."""
     dead_letters: list[DeadLetter] = field(default_factory=list)
+    dead_letter_bytes: int = 0
+    """What ``dead_letters`` hold: each one's payload, its JSON text, key and reason."""
     messages: int = 0
     rows: int = 0
     nbytes: int = 0
@@ -57,9 +59,10 @@ class PartitionBuffer:
     @property
     def held_bytes(self) -> int:
         """The memory the rows take: their encoded bytes, the Arrow bytes of the rest, and each row's offset and
-        Kafka timestamp (as much as an encoded 250-B event itself)."""
+        Kafka timestamp (as much as an encoded 250-B event itself); and the dead letters' (found by review: a
+        partition of bad messages grew past the bound unseen)."""
         encoded = self.encoded.nbytes if self.encoded is not None else 0
-        return encoded + self.pending_nbytes + 16 * self.rows
+        return encoded + self.pending_nbytes + 16 * self.rows + self.dead_letter_bytes
 
     def to_table(self, schema: pa.Schema) -> pa.Table:
         """The buffered rows in ``schema`` (pieces buffered before a column was added get nulls)."""
@@ -147,10 +150,14 @@ class FlushLimits:
 
 @dataclass(frozen=True)
 class Due:
-    """What must be committed now: ``tables`` (URIs), for ``reason`` (the first limit reached)."""
+    """What must be committed now: per table (URI), the first limit it reached (found by review: every table due
+    was counted under the first table's reason)."""
 
-    reason: str
-    tables: frozenset[str]
+    reasons: dict[str, str]
+
+    @property
+    def tables(self) -> frozenset[str]:
+        return frozenset(self.reasons)
 
 
 Lane = tuple[TopicPartition, str]
@@ -202,6 +209,10 @@ class ValueBuffers:
         buffer.last_offset = processed.last_offset
         buffer.messages += message_count
         buffer.dead_letters.extend(processed.dead_letters)
+        buffer.dead_letter_bytes += sum(
+            len(letter.payload) + len(letter.payload_json or "") + len(letter.key or b"") + len(letter.reason)
+            for letter in processed.dead_letters
+        )
         buffer.max_timestamp_ms = max(buffer.max_timestamp_ms, processed.max_timestamp_ms)
         buffer.filtered += processed.skipped_filtered
         buffer.unknown_fields += processed.unknown_fields
@@ -245,7 +256,7 @@ class ValueBuffers:
         return frozenset(table for lane_tp, table in self._buffers if lane_tp == tp)
 
     def due(self, now: float) -> Due | None:
-        """The tables to commit now, and why (the first limit reached, in the order checked), or None."""
+        """The tables to commit now, and why (each table's first limit reached, in the order checked), or None."""
         if not self._buffers:
             return None
         limits = self._limits
@@ -255,10 +266,11 @@ class ValueBuffers:
             ("buffer_bytes", self._largest_tables()),
             ("latency", {b.table for b in self._buffers.values() if now - b.first_arrival >= self._waits(b)}),
         ]
-        due = [(reason, tables) for reason, tables in checks if tables]
-        if not due:
-            return None
-        return Due(due[0][0], frozenset().union(*(tables for _, tables in due)))
+        reasons: dict[str, str] = {}
+        for reason, tables in checks:
+            for table in sorted(tables):
+                reasons.setdefault(table, reason)
+        return Due(reasons) if reasons else None
 
     def _largest_tables(self) -> set[str]:
         """Over the global bound: the largest tables, until what is left is under half of it."""
@@ -301,11 +313,12 @@ class ValueBuffers:
 
     def drop(self, tp: TopicPartition) -> list[PartitionBuffer]:
         """Remove the buffers of every lane of ``tp``."""
+        # Its lanes stay plain (_plain): a resync drops them and reads the same rows again.
         return [self._buffers.pop(lane) for lane in [lane for lane in self._buffers if lane[0] == tp]]
 
     @property
     def buffered_bytes(self) -> int:
-        """The memory the buffered rows take (encoded bytes, and Arrow bytes of the rows not encoded yet)."""
+        """The memory the buffers take (:attr:`PartitionBuffer.held_bytes`)."""
         return sum(b.held_bytes for b in self._buffers.values())
 
     @property

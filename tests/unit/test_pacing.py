@@ -26,7 +26,7 @@ def _fleet(writers: int, allowed_latency_s: float, budget: float, seconds: float
         now, i = heapq.heappop(due)
         version += 1
         commits.append(now)
-        heapq.heappush(due, (now + pacers[i].committed(version), i))
+        heapq.heappush(due, (now + pacers[i].committed(version, now), i))
     late = [t for t in commits if t >= seconds * 2 / 3]
     return len(late) / (seconds / 3), sum(p.interval_s for p in pacers) / writers
 
@@ -49,18 +49,33 @@ def test_no_budget_and_the_longest_wait() -> None:
     rate, interval = _fleet(32, allowed_latency_s=1.0, budget=0.0)
     assert rate == pytest.approx(32.0, rel=0.05) and interval == 1.0
     crowded = CommitPacer(allowed_latency_s=1.0, table_commits_per_s=1.0)
-    for version in range(0, 10_000, 1000):  # a thousand commits of others between two of ours
-        crowded.committed(version)
+    for second, version in enumerate(range(0, 10_000, 1000)):  # others commit a thousand times a second
+        crowded.committed(version, float(second))
     assert crowded.interval_s == MAX_INTERVAL_S
 
 
 def test_a_replaced_table_starts_the_count_again() -> None:
     pacer = CommitPacer(allowed_latency_s=1.0, table_commits_per_s=10.0)
-    for version in range(0, 900, 100):
-        pacer.committed(version)
+    for second, version in enumerate(range(0, 900, 100)):  # 100 versions a second, 10 times the budget
+        pacer.committed(version, float(second))
     assert pacer.interval_s == 10.0
-    pacer.committed(3)  # version went back: a new table
-    assert pacer.committed(4) == 1.0 and pacer.writers == 1.0
+    pacer.committed(3, 9.0)  # version went back: a new table
+    assert pacer.committed(4, 10.0) == 1.0 and pacer.writers == 1.0
+
+
+def test_a_writer_back_from_a_quiet_spell_does_not_take_the_commits_meanwhile_for_a_crowd() -> None:
+    """Found by review: 10 writers committing every 5 s give the log 2 commits a second, a fifth of its budget; a
+    writer whose partitions were quiet for 10 minutes saw ~1,200 versions over one commit of its own and waited ~16
+    s for its next commits."""
+    pacer = CommitPacer(allowed_latency_s=5.0, table_commits_per_s=10.0)
+    now, version = 0.0, 0
+    for _ in range(9):
+        pacer.committed(version, now)
+        now, version = now + 5.0, version + 10
+    now, version = now + 600.0, version + 1200  # quiet: the others kept committing, 2 a second
+    for _ in range(8):
+        assert pacer.committed(version, now) == 5.0
+        now, version = now + 5.0, version + 10
 
 
 def test_the_pace_is_published_and_logged_when_it_moves_by_a_quarter(caplog: pytest.LogCaptureFixture) -> None:

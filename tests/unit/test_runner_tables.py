@@ -188,6 +188,34 @@ def test_a_resync_before_anything_is_held_reads_again_from_where_the_partition_b
     assert sorted(DeltaTable(str(uri)).to_pyarrow_table().column("n").to_pylist()) == [1, 2, 7]
 
 
+def test_latest_starts_where_the_assignment_read_the_end_not_where_the_broker_is_at_the_first_fetch(
+    tmp_path: Path,
+) -> None:
+    """Found by review: with ``auto_offset_reset = latest`` and no table holding the partition, the consumer was
+    given "latest", which the broker resolves when it first fetches; the start marks and the lag count from the end
+    read at the assignment. Messages in between were read by no table, but a restart after a crash between two
+    tables' commits read them for the one marked (at the earlier end), and the other had passed them: they start at
+    the end read, as an offset."""
+    uri = tmp_path / "free"
+    cfg = schemaless_config(tmp_path, "t", K2D_KAFKA__AUTO_OFFSET_RESET="latest")
+
+    class MessagesBeforeTheFirstFetch(LogSource):
+        """Empty when assigned; two messages by the time the consumer first fetches."""
+
+        def start(self, listener: RebalanceListener) -> None:
+            self.high = 0
+            super().start(listener)
+
+        @staticmethod
+        def _offset(start: int | LogicalOffset) -> int:
+            return 2 if start is LogicalOffset.LATEST else LogSource._offset(start)  # the end at the first fetch
+
+    source = MessagesBeforeTheFirstFetch([b'{"n": 1}', b'{"n": 2}'])
+    ingest_until_caught_up(cfg, source)
+    assert source.starts == {0: 0}
+    assert sorted(DeltaTable(str(uri)).to_pyarrow_table().column("n").to_pylist()) == [1, 2]
+
+
 def test_dead_letters_counted_before_the_table_existed_are_not_counted_again_by_a_replay(tmp_path: Path) -> None:
     """Found by review: dead letters recorded while a table could not be created yet are counted at once (they are
     final); another writer then creating the table makes our commit a schema change, whose replay takes them as

@@ -1,6 +1,8 @@
+import dataclasses
+
 import pyarrow as pa
 
-from kafka2delta.records import ProcessedPartition, TopicPartition
+from kafka2delta.records import DeadLetter, ProcessedPartition, TopicPartition
 from kafka2delta.value_buffers import Due, FlushLimits, ValueBuffers
 
 T0, T1 = TopicPartition("t", 0), TopicPartition("t", 1)
@@ -29,7 +31,7 @@ def test_latency_limit() -> None:
     buffers.add(processed(0, 0, 9, 10), 10, now=100.0, table="/t")
     assert buffers.due(101.9) is None
     assert buffers.seconds_until_due(101.0) == 1.0
-    assert buffers.due(102.0) == Due("latency", frozenset({"/t"}))
+    assert buffers.due(102.0) == Due({"/t": "latency"})
 
 
 def test_a_paced_table_waits_longer_and_the_others_do_not() -> None:
@@ -37,29 +39,29 @@ def test_a_paced_table_waits_longer_and_the_others_do_not() -> None:
     buffers.set_latency("/shared", 5.0)  # a commit budget shared with other writers
     buffers.add(processed(0, 0, 9, 10), 10, now=100.0, table="/shared")
     buffers.add(processed(1, 0, 9, 10), 10, now=100.0, table="/own")
-    assert buffers.due(102.0) == Due("latency", frozenset({"/own"}))
+    assert buffers.due(102.0) == Due({"/own": "latency"})
     buffers.take(frozenset({"/own"}))
     assert buffers.seconds_until_due(102.0) == 3.0
     assert buffers.due(104.9) is None
-    assert buffers.due(105.0) == Due("latency", frozenset({"/shared"}))
+    assert buffers.due(105.0) == Due({"/shared": "latency"})
     buffers.set_latency("/shared", 1.0)  # never below allowed_latency_s
-    assert buffers.due(101.9) is None and buffers.due(102.0) == Due("latency", frozenset({"/shared"}))
+    assert buffers.due(101.9) is None and buffers.due(102.0) == Due({"/shared": "latency"})
 
 
 def test_records_limit_counts_messages_not_rows() -> None:
     buffers = ValueBuffers(LIMITS)
     buffers.add(processed(0, 0, 99, 0), 100, now=0.0, table="/t")  # all dead letters: still a full batch
-    assert buffers.due(0.0) == Due("records", frozenset({"/t"}))
+    assert buffers.due(0.0) == Due({"/t": "records"})
 
 
 def test_bytes_limits() -> None:
     buffers = ValueBuffers(LIMITS)
     buffers.add(processed(0, 0, 49, 1300), 50, now=0.0, table="/t")  # 10,400 bytes of int64
-    assert buffers.due(0.0) == Due("bytes", frozenset({"/t"}))
+    assert buffers.due(0.0) == Due({"/t": "bytes"})
     buffers = ValueBuffers(LIMITS)
     buffers.add(processed(0, 0, 9, 1000), 10, now=0.0, table="/t")
     buffers.add(processed(1, 0, 9, 1000), 10, now=0.0, table="/t")
-    assert buffers.due(0.0) == Due("buffer_bytes", frozenset({"/t"}))
+    assert buffers.due(0.0) == Due({"/t": "buffer_bytes"})
 
 
 def test_due_per_table_not_every_buffer() -> None:
@@ -67,11 +69,14 @@ def test_due_per_table_not_every_buffer() -> None:
     buffers = ValueBuffers(LIMITS)
     buffers.add(processed(0, 0, 99, 10, topic="a"), 100, now=0.0, table="/a")
     buffers.add(processed(0, 0, 9, 10, topic="b"), 10, now=0.0, table="/b")
-    assert buffers.due(0.0) == Due("records", frozenset({"/a"}))
+    assert buffers.due(0.0) == Due({"/a": "records"})
     assert buffers.take(frozenset({"/a"})).keys() == {"/a"}
     assert buffers.due(1.0) is None
     buffers.add(processed(0, 100, 109, 10, topic="a"), 10, now=1.5, table="/a")
-    assert buffers.due(2.0) == Due("latency", frozenset({"/b"}))  # /a's new buffer is only 0.5 s old
+    assert buffers.due(2.0) == Due({"/b": "latency"})  # /a's new buffer is only 0.5 s old
+    buffers.add(processed(1, 0, 99, 10, topic="a"), 100, now=2.0, table="/a")
+    # Each table due for its own reason (found by review: /b's latency was counted as "records").
+    assert buffers.due(2.0) == Due({"/a": "records", "/b": "latency"})
 
 
 def test_global_bound_flushes_the_largest_tables_until_half_is_left() -> None:
@@ -87,7 +92,20 @@ def test_global_bound_flushes_the_largest_tables_until_half_is_left() -> None:
     assert buffers.due(0.0) is None  # 55,200 < 60,000
     buffers.add(processed(1, 0, 299, 300, topic="c"), 300, now=0.0, table="/c")  # /c: 21,600; 62,400 in all
     # Largest first: /a (24,000) leaves 38,400, /c (21,600) leaves 16,800 < 30,000: /b keeps its buffer.
-    assert buffers.due(0.0) == Due("buffer_bytes", frozenset({"/a", "/c"}))
+    assert buffers.due(0.0) == Due({"/a": "buffer_bytes", "/c": "buffer_bytes"})
+
+
+def test_dead_letters_count_in_the_global_bound() -> None:
+    """Found by review: a partition whose every message failed held their payloads beyond the bound, unseen."""
+    buffers = ValueBuffers(LIMITS)
+    letters = [
+        DeadLetter("t", 0, offset, "deserialize", "not JSON", b"x" * 1000, key=b"k", payload_json=None)
+        for offset in range(20)
+    ]
+    empty = processed(0, 0, 19, 0)
+    buffers.add(dataclasses.replace(empty, dead_letters=letters), 20, now=0.0, table="/t")
+    assert buffers.buffered_bytes == 20 * (1000 + 1 + len("not JSON"))
+    assert buffers.due(0.0) == Due({"/t": "buffer_bytes"})  # 20,180 bytes > 15,000
 
 
 def test_lanes_of_one_partition() -> None:
