@@ -53,6 +53,16 @@ class PartitionState:
         held = [version for table in self.tables if (version := self.held(table)) is not None]
         return min(held) if held else None
 
+    def forget_covered_dead_letters(self) -> None:
+        """Drop the recorded and counted dead letters every table now holds (its txn or its mark covers them)."""
+        committed = self.committed
+        if committed is None:
+            return
+        if self.recorded_dead_letters and committed >= max(self.recorded_dead_letters):
+            self.recorded_dead_letters = set()
+        if self.counted_dead_letters and committed >= max(self.counted_dead_letters):
+            self.counted_dead_letters = set()
+
     def holds(self, table: str) -> int | None:
         """The last offset whose outcome ``table`` holds (a table that joined later: where it started)."""
         version = self.held(table)

@@ -40,7 +40,8 @@ class ReadBack(NamedTuple):
     recorded: dict[TopicPartition, set[int]]
     """Offsets after a partition's lowest version that the dead-letter table already holds."""
     marks: Marks
-    """The start marks of the tables without a txn for a partition (``[routing] expression`` only)."""
+    """The start marks of the tables without a txn for a partition (``[routing] expression``, and a table that
+    could not be made yet: :meth:`Positions.mark_unmade`)."""
 
 
 class Positions:
@@ -65,7 +66,7 @@ class Positions:
             "reading dead-letter txn versions", lambda: dead_letters.committed_offsets(partitions)
         )
         marks: Marks = {}
-        for uri in uris if len(uris) > 1 else []:  # only a partition split across tables has marks
+        for uri in uris:  # a partition split across tables, or one whose table is not made yet
             unmarked = [tp for tp in partitions if found[uri][tp] is None]
             if unmarked:
                 read = partial(dead_letters.start_marks, uri, unmarked)
@@ -206,6 +207,24 @@ class Positions:
             for uri in new:
                 starts.setdefault((uri, state.home), {})[tp] = held if held is not None else state.start - 1
         return self._write_marks(starts, partitions)
+
+    def mark_unmade(
+        self,
+        uri: str,
+        buffers: Mapping[TopicPartition, PartitionBuffer],
+        partitions: Mapping[TopicPartition, PartitionState],
+    ) -> None:
+        """After a flush whose table could not be made (no row yet: its dead letters alone were committed), mark the
+        partitions that have no other table as held up to the lane's end: every message up to it is final (a dead
+        letter recorded, or a skip), and nothing else would record it (found by review: each restart read such a
+        partition again from ``auto_offset_reset``, loading every dead letter it ever recorded, and the counted ones
+        were kept in memory for good). A mark not written leaves the partition as before: read again, not lost."""
+        starts: MarksToWrite = {}
+        for tp, buffer in buffers.items():
+            state = partitions.get(tp)
+            if state is not None and list(state.tables) == [uri] and state.tables[uri] is None:
+                starts.setdefault((uri, state.home), {})[tp] = buffer.last_offset
+        self._write_marks(starts, partitions)
 
     def settle_marks(
         self,

@@ -449,17 +449,17 @@ class Ingestor:
         started = self._clock()
         version = self._commit(reason, table, pending)
         if version is None:
+            if pending.buffers:  # the table could not be made yet: its dead letters alone were committed
+                self._positions.mark_unmade(table.spec.uri, pending.buffers, self._partitions)
+                for tp in pending.buffers:
+                    self._partitions[tp].forget_covered_dead_letters()
             return set()  # every partition was dropped (conflicts), or nothing could be committed yet
         taken = pending.buffers
         for tp, buffer in taken.items():
             state = self._partitions[tp]
             before = state.tables[table.spec.uri]
             state.tables[table.spec.uri] = max(buffer.last_offset, before if before is not None else -1)
-            committed = state.committed
-            if state.recorded_dead_letters and committed is not None and committed >= max(state.recorded_dead_letters):
-                state.recorded_dead_letters = set()  # every table's txn covers them now
-            if state.counted_dead_letters and committed is not None and committed >= max(state.counted_dead_letters):
-                state.counted_dead_letters = set()
+            state.forget_covered_dead_letters()
         faults.point("after_delta_commit")
         self._pace(table, version)
         self._progress.committed(
@@ -572,7 +572,9 @@ class Ingestor:
             return
         low, high = self._retrier.run("watermarks", lambda: self._source.watermarks(tp))
         decision = start_position(
-            state.position,
+            # Nothing taken yet: the start given at the assignment (latest: the end read then, an offset), which the
+            # broker may have lost since (found by review: taken for "latest" again, not counted).
+            state.position if state.position is not None else state.start - 1,
             low,
             high,
             self._config.kafka.auto_offset_reset,

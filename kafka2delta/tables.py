@@ -148,7 +148,8 @@ class Tables:
         routes refused two ways of reaching one table)."""
         sink = self._sinks.get(table_key(spec.uri))
         if sink is None:
-            opened = self._retrier.run(f"opening table {spec.uri}", lambda: self._opener(spec))
+            shown = without_credentials(spec.uri)  # retry lines and errors name it: never with a password
+            opened = self._retrier.run(f"opening table {shown}", lambda: self._opener(spec))
             dead_letters = self._dead_letters_at(spec.dead_letter_uri)
             sink = self._sinks[table_key(spec.uri)] = TableSink(
                 spec=spec,
@@ -175,7 +176,7 @@ class Tables:
             )
             # A table made by its first rows asks the storage whether it exists yet (found by review: outside the
             # retrier, one transient error in an assignment stopped the daemon).
-            version = self._retrier.run(f"reading the version of {spec.uri}", lambda: opened.writer.version)
+            version = self._retrier.run(f"reading the version of {shown}", lambda: opened.writer.version)
             self._board.table_opened(spec.name, spec.uri, version)
         return sink
 

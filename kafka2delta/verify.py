@@ -530,7 +530,8 @@ def _check_topic(
         for partition, beyond in rows_beyond_txn(table).items():
             beyond_txn[partition] = np.union1d(beyond_txn.get(partition, np.empty(0, np.int64)), beyond)
     main = tables[0]
-    if len(tables) > 1:
+    # A table not made yet (no row) holds a partition up to its mark too: its dead letters alone were committed.
+    if len(tables) > 1 or any(main.txns[p] is None for p in partitions):
         uris = [s.uri for s in specs]
         marks = start_marks(spec.dead_letter_uri, options, dead_letter_app_ids[0], topic, uris, partitions)
         # A table with no txn of a partition, only a start mark, holds it up to the mark (DESIGN.md, invariant 11).

@@ -88,7 +88,7 @@ def without_credentials(text: str) -> str:
     scheme (it parses as scheme ``user``). An Azure URI's container stays readable."""
     parts = urlsplit(text)
     if unencoded := _unencoded_userinfo(text):
-        return f"{unencoded[0]}:{MASK}@{text.rsplit('@', 1)[1]}"
+        return f"{unencoded[0]}:{MASK}@{unencoded[2]}"
     if "@" not in parts.netloc:
         return f"{MASK}@{text.rsplit('@', 1)[1]}" if _schemeless_userinfo(text) else text
     user, host = parts.netloc.rsplit("@", 1)
@@ -102,18 +102,19 @@ def without_credentials(text: str) -> str:
 _PORT_AND_PATH = re.compile(r"\d*(?:[/?#]|$)")
 
 
-def _unencoded_userinfo(text: str) -> tuple[str, str] | None:
-    """``scheme://user`` and the password of ``scheme://user:pass/word@host``: a ``/``, ``?`` or ``#`` in a password
-    that is not percent-encoded ends the URL's host part before the ``@`` (found by review: nothing was masked). Not
-    ``scheme://host:8081/path@x``: a port."""
+def _unencoded_userinfo(text: str) -> tuple[str, str, str] | None:
+    """``scheme://user``, the password and what follows its ``@`` in ``scheme://user:pass/word@host…``: a ``/``,
+    ``?`` or ``#`` in a password that is not percent-encoded ends the URL's host part before the ``@`` (found by
+    review: nothing was masked). Not ``scheme://host:8081/path@x`` (a port) nor ``http://[::1]:8081/a@b`` (an IPv6
+    host); ``user:123/x@host`` cannot be told from a port and a path, and is not masked."""
     scheme, sep, rest = text.partition("://")
-    head = rest.rpartition("@")[0]
+    head, at, tail = rest.partition("@")
     user, colon, secret = head.partition(":")
-    if not sep or not colon or "@" in urlsplit(text).netloc or re.search(r"[/?#]", user):
+    if not sep or not at or not colon or "@" in urlsplit(text).netloc or rest.startswith("["):
         return None
-    if not re.search(r"[/?#]", secret) or _PORT_AND_PATH.match(secret):
+    if re.search(r"[/?#]", user) or not re.search(r"[/?#]", secret) or _PORT_AND_PATH.match(secret):
         return None
-    return f"{scheme}://{user}", secret
+    return f"{scheme}://{user}", secret, tail
 
 
 def _schemeless_userinfo(text: str) -> bool:

@@ -216,6 +216,30 @@ def test_latest_starts_where_the_assignment_read_the_end_not_where_the_broker_is
     assert sorted(DeltaTable(str(uri)).to_pyarrow_table().column("n").to_pylist()) == [1, 2]
 
 
+def test_a_latest_start_the_broker_lost_before_the_first_fetch_is_out_of_range(tmp_path: Path) -> None:
+    """Found by review: the start given at the assignment (the end read then) was not what the out-of-range report
+    was checked against (nothing was taken yet): "latest" again, logged at INFO, not counted."""
+    cfg = schemaless_config(tmp_path, "t", K2D_KAFKA__AUTO_OFFSET_RESET="latest")
+
+    class TruncatedBeforeTheFirstFetch(LogSource):
+        """Five messages when assigned; then the log is cut back to two (an unclean leader election)."""
+
+        def consume(self, max_messages: int, timeout: float) -> ConsumedBatch:
+            if self.high == 5:
+                self.high = 2
+                return ConsumedBatch(out_of_range=[self.tp(0)])
+            return super().consume(max_messages, timeout)
+
+        @staticmethod
+        def _offset(start: int | LogicalOffset) -> int:
+            return 5 if start is LogicalOffset.LATEST else LogSource._offset(start)
+
+    source = TruncatedBeforeTheFirstFetch([b'{"n": 1}'] * 5)
+    with pytest.raises(FatalError, match=r"next offset 5 is outside the broker's range \[0, 2\]"):
+        ingest_until_caught_up(cfg, source)
+    assert source.starts == {0: 5}
+
+
 def test_dead_letters_counted_before_the_table_existed_are_not_counted_again_by_a_replay(tmp_path: Path) -> None:
     """Found by review: dead letters recorded while a table could not be created yet are counted at once (they are
     final); another writer then creating the table makes our commit a schema change, whose replay takes them as
@@ -241,6 +265,32 @@ def test_dead_letters_counted_before_the_table_existed_are_not_counted_again_by_
     assert metrics.registry.get_sample_value("kafka2delta_messages_dead_lettered_total", dead) == 2
     recorded = {"topic": "t", "partition": "0", "reason": "dead_letter_recorded"}
     assert not metrics.registry.get_sample_value("kafka2delta_messages_skipped_total", recorded)
+
+
+def test_a_partition_whose_table_is_not_made_yet_is_marked_where_its_dead_letters_end(tmp_path: Path) -> None:
+    """Found by review: a table made by its first rows whose messages were all dead letters so far recorded nothing
+    but its dead letters: each restart read the partition again from auto_offset_reset (every recorded dead letter
+    loaded, each counted again as a skip). The flush that could not make the table marks where the partition is
+    held up to, in the dead-letter table, as a table of [routing] expression; its first rows retire the mark."""
+    uri = tmp_path / "free"
+    cfg = schemaless_config(tmp_path, "t")
+    ingest_until_caught_up(cfg, LogSource([b"{}", b"{}", b"{}"]))
+    assert not (uri / "_delta_log").exists()
+
+    def mark() -> int | None:
+        prefix = Routes(cfg).dead_letter_txn_ids("t").prefix
+        letters = DeadLetterTable.open(str(tmp_path / "dlq"), {}, prefix, "snappy", 10)
+        return letters.start_marks(str(uri), [TopicPartition("t", 0)])[TopicPartition("t", 0)]
+
+    assert mark() == 2
+    restarted = LogSource([b"{}", b"{}", b"{}", b'{"n": 1}'])
+    metrics = ingest_until_caught_up(cfg, restarted)
+    assert restarted.starts == {0: 3}  # after the mark, not from auto_offset_reset
+    recorded = {"topic": "t", "partition": "0", "reason": "dead_letter_recorded"}
+    assert not metrics.registry.get_sample_value("kafka2delta_messages_skipped_total", recorded)
+    assert DeltaTable(str(uri)).to_pyarrow_table().column("n").to_pylist() == [1]
+    assert DeltaTable(str(tmp_path / "dlq")).to_pyarrow_table().column("offset").to_pylist() == [0, 1, 2]
+    assert mark() is None  # retired: the table holds a txn of its own
 
 
 def test_a_json_table_without_schema_needs_merge(tmp_path: Path) -> None:
