@@ -24,6 +24,9 @@ from kafka2delta.value_buffers import PartitionBuffer
 logger = logging.getLogger(__name__)
 
 _MARK_ATTEMPTS = 3  # another daemon wrote (txns or schema): what it wrote is read back, the rest marked again
+UNMADE_MARK_INTERVAL_S = 60.0
+"""How often a table not made yet is marked at most (:meth:`Positions.mark_unmade`), but on a stop or a revoke: each
+mark is a commit of the dead-letter table every daemon shares (found by review: one per flush doubled them)."""
 
 Marks = dict[TopicPartition, dict[str, int]]
 """Per partition, the start marks of tables that hold no txn for it (:attr:`PartitionState.start_marks`)."""
@@ -49,6 +52,8 @@ class Positions:
         self._tables = tables
         self._retrier = retrier
         self._auto_offset_reset = auto_offset_reset
+        self._unmade_marked: dict[str, float] = {}
+        """When each table not made yet was last marked (:meth:`mark_unmade`), by URI."""
 
     def read(self, uris: list[str], partitions: list[TopicPartition]) -> ReadBack:
         """The txn versions of ``partitions`` in each of the tables ``uris`` and in the dead-letter table, the start
@@ -66,7 +71,9 @@ class Positions:
             "reading dead-letter txn versions", lambda: dead_letters.committed_offsets(partitions)
         )
         marks: Marks = {}
-        for uri in uris:  # a partition split across tables, or one whose table is not made yet
+        for uri in uris if len(uris) > 1 else [u for u in uris if not self._tables[u].spec.columns]:
+            # A partition split across tables, or one whose table is made by its first rows (no schema): the only
+            # ones with marks (reading them for every new table cost a log scan per partition: found by review).
             unmarked = [tp for tp in partitions if found[uri][tp] is None]
             if unmarked:
                 read = partial(dead_letters.start_marks, uri, unmarked)
@@ -213,18 +220,27 @@ class Positions:
         uri: str,
         buffers: Mapping[TopicPartition, PartitionBuffer],
         partitions: Mapping[TopicPartition, PartitionState],
+        *,
+        now: float,
+        final: bool,
     ) -> None:
         """After a flush whose table could not be made (no row yet: its dead letters alone were committed), mark the
         partitions that have no other table as held up to the lane's end: every message up to it is final (a dead
         letter recorded, or a skip), and nothing else would record it (found by review: each restart read such a
         partition again from ``auto_offset_reset``, loading every dead letter it ever recorded, and the counted ones
-        were kept in memory for good). A mark not written leaves the partition as before: read again, not lost."""
+        were kept in memory for good). A mark not written leaves the partition as before: read again, not lost; so
+        the table is marked once per :data:`UNMADE_MARK_INTERVAL_S` at most, but always by a ``final`` flush (a
+        stop, a revoke)."""
+        if not final and now - self._unmade_marked.get(uri, -UNMADE_MARK_INTERVAL_S) < UNMADE_MARK_INTERVAL_S:
+            return
         starts: MarksToWrite = {}
         for tp, buffer in buffers.items():
             state = partitions.get(tp)
             if state is not None and list(state.tables) == [uri] and state.tables[uri] is None:
                 starts.setdefault((uri, state.home), {})[tp] = buffer.last_offset
-        self._write_marks(starts, partitions)
+        if starts:
+            self._unmade_marked[uri] = now
+            self._write_marks(starts, partitions)
 
     def settle_marks(
         self,

@@ -354,10 +354,9 @@ class Ingestor:
     # --- flush: each table in its turn ------------------------------------------------------
 
     def _flush(self, reasons: str | Mapping[str, str], partitions: set[TopicPartition] | None = None) -> None:
-        """Commit the buffers of the tables ``reasons`` names, each for its reason (a table committed first with
-        them: for the first one's), or with one reason the buffers of ``partitions`` (None: everything), table by
-        table; then record the Kafka group offsets of what every table of a partition has committed (for lag
-        tools only)."""
+        """Commit the buffers of the tables ``reasons`` names, each for its reason (a table committed first with them:
+        the first one's), or of ``partitions`` (None: all), table by table; then record the Kafka group offsets of
+        what every table of a partition has committed (for lag tools only)."""
         tables: frozenset[str] | None = None
         if not isinstance(reasons, str):
             tables = frozenset(reasons) | self._first_commits(frozenset(reasons))
@@ -450,7 +449,8 @@ class Ingestor:
         version = self._commit(reason, table, pending)
         if version is None:
             if pending.buffers:  # the table could not be made yet: its dead letters alone were committed
-                self._positions.mark_unmade(table.spec.uri, pending.buffers, self._partitions)
+                final, now = reason in ("shutdown", "revoke"), self._clock()
+                self._positions.mark_unmade(table.spec.uri, pending.buffers, self._partitions, now=now, final=final)
                 for tp in pending.buffers:
                     self._partitions[tp].forget_covered_dead_letters()
             return set()  # every partition was dropped (conflicts), or nothing could be committed yet
@@ -571,10 +571,11 @@ class Ingestor:
         if state is None:
             return
         low, high = self._retrier.run("watermarks", lambda: self._source.watermarks(tp))
+        # Nothing taken yet, from latest: the start given at the assignment (the end read then, an offset), which the
+        # broker may have lost since (found by review: taken for "latest" again, not counted).
+        given = state.position is None and self._config.kafka.auto_offset_reset == "latest"
         decision = start_position(
-            # Nothing taken yet: the start given at the assignment (latest: the end read then, an offset), which the
-            # broker may have lost since (found by review: taken for "latest" again, not counted).
-            state.position if state.position is not None else state.start - 1,
+            state.start - 1 if given else state.position,
             low,
             high,
             self._config.kafka.auto_offset_reset,
@@ -646,8 +647,8 @@ class Ingestor:
                 state.start = first_offset(decision.offset, low, high)
                 self._partitions[tp] = state
                 self._targets.setdefault(tp, high)
-                # Latest as the end read here, where the marks and the lag count from, not as the broker's end at the
-                # first fetch (found by review: messages in between were read only by a replay, for some tables).
+                # Latest as the end read here, where the marks and the lag count from, not the broker's at its first
+                # fetch (found by review: messages in between went to some tables only, by a replay).
                 starts[tp] = state.start if decision.offset is LogicalOffset.LATEST else decision.offset
         self._metrics.assigned(len(self._partitions))
         self._publish_partitions()

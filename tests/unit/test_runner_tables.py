@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,7 @@ from deltalake import DeltaTable, Field, write_deltalake
 from deltalake.exceptions import TableNotFoundError
 from deltalake.schema import PrimitiveType
 
-from kafka2delta import verify
+from kafka2delta import positions, verify
 from kafka2delta.cli import build_pipeline, open_table, open_table_writer
 from kafka2delta.config import Config, load_config
 from kafka2delta.dead_letters import DeadLetterTable
@@ -238,6 +238,63 @@ def test_a_latest_start_the_broker_lost_before_the_first_fetch_is_out_of_range(t
     with pytest.raises(FatalError, match=r"next offset 5 is outside the broker's range \[0, 2\]"):
         ingest_until_caught_up(cfg, source)
     assert source.starts == {0: 5}
+
+
+def test_an_earliest_start_retention_took_before_the_first_fetch_reads_on_from_the_earliest_left(
+    tmp_path: Path,
+) -> None:
+    """Found by review of the fix above: the start given at the assignment stands for an out-of-range report only
+    from latest; from earliest the report reads on from what retention left, as before."""
+    cfg = schemaless_config(tmp_path, "t")
+
+    class RetentionBeforeTheFirstFetch(LogSource):
+        low = 0
+
+        def consume(self, max_messages: int, timeout: float) -> ConsumedBatch:
+            if self.low == 0:
+                self.low = 2
+                return ConsumedBatch(out_of_range=[self.tp(0)])
+            return super().consume(max_messages, timeout)
+
+        def watermarks(self, tp: TopicPartition, cached: bool = False) -> tuple[int, int]:
+            return self.low, self.high
+
+        def seek(self, tp: TopicPartition, start: int | LogicalOffset) -> None:
+            super().seek(tp, start)
+            self.position = max(self.position, self.low)
+
+    ingest_until_caught_up(cfg, RetentionBeforeTheFirstFetch([b'{"n": %d}' % n for n in range(5)]))
+    assert sorted(DeltaTable(str(tmp_path / "free")).to_pyarrow_table().column("n").to_pylist()) == [2, 3, 4]
+
+
+def test_a_crash_between_the_dead_letters_and_the_mark_of_a_table_not_made_yet_reads_on_from_the_last_mark(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DESIGN.md's crash table: the flush's dead letters committed, its mark not; the restart reads on from the
+    previous mark, recognises the dead letters recorded since, and writes each message once."""
+    monkeypatch.setattr(positions, "UNMADE_MARK_INTERVAL_S", 0.0)
+    cfg = schemaless_config(tmp_path, "t", K2D_INGEST__MAX_MESSAGES_PER_FILE="3")
+    log = [b"x{", b"", b"x{", b"x{", b"x{", b"", b'{"n": 1}', b"x{"]
+    written = DeadLetterTable.mark_starts
+    marks = []
+
+    def killed_at_the_second(self: DeadLetterTable, table: str, starts: Mapping[TopicPartition, int]) -> int:
+        marks.append(dict(starts))
+        if len(marks) == 2:
+            raise KeyboardInterrupt  # a kill: nothing after it runs
+        return written(self, table, starts)
+
+    monkeypatch.setattr(DeadLetterTable, "mark_starts", killed_at_the_second)
+    with pytest.raises(KeyboardInterrupt):
+        ingest_until_caught_up(cfg, LogSource(log[:6], chunk=3))
+    monkeypatch.setattr(DeadLetterTable, "mark_starts", written)
+    restarted = LogSource(log, chunk=3)
+    metrics = ingest_until_caught_up(cfg, restarted)
+    assert marks[0] == {TopicPartition("t", 0): 2} and restarted.starts == {0: 3}  # the first mark
+    assert sorted(DeltaTable(str(tmp_path / "dlq")).to_pyarrow_table().column("offset").to_pylist()) == [0, 2, 3, 4, 7]
+    assert DeltaTable(str(tmp_path / "free")).to_pyarrow_table().column("n").to_pylist() == [1]
+    recorded = {"topic": "t", "partition": "0", "reason": "dead_letter_recorded"}
+    assert metrics.registry.get_sample_value("kafka2delta_messages_skipped_total", recorded) == 2  # 3 and 4
 
 
 def test_dead_letters_counted_before_the_table_existed_are_not_counted_again_by_a_replay(tmp_path: Path) -> None:
