@@ -29,7 +29,7 @@ class PartitionState:
     dead_letters_committed: int | None
     """The dead-letter table's txn version: every dead letter up to this offset is recorded."""
     position: int | None
-    """The last offset taken, committed or buffered (None: nothing yet; the start is auto_offset_reset)."""
+    """The last offset taken, committed or buffered (None: nothing yet; the start is auto_offset_reset's, ``start``)."""
     high_watermark: int
     """The last known high watermark (the broker's at assignment, then the consumer's cached one)."""
     start: int = 0

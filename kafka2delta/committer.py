@@ -122,7 +122,7 @@ class Committer:
         ``partitions`` holds the txn versions the batch started from (read) and, once the dead letters
         are committed, their new dead-letter txn versions (written). The dead letters are counted once the
         main commit lands (or when the table cannot be created yet: they are final then, the partitions' offsets
-        being committed with their first rows).
+        being marked, then committed with their first rows).
         """
         try:
             version = self._commit(pending, partitions)

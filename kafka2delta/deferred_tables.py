@@ -29,7 +29,8 @@ logger = logging.getLogger(__name__)
 class DeferredTable:
     """A table that does not exist yet and has no configured schema (a route without ``schema``): it is created
     by its first commit with rows, from their schema (what the pipeline took from the first batch). Until then
-    it holds no txn, so its partitions start at ``kafka.auto_offset_reset``; another writer creating it first
+    it holds no txn, so its partitions start at their start mark (written by a flush that could not create it:
+    ``Positions.mark_unmade``), else at ``kafka.auto_offset_reset``; another writer creating it first
     is seen at the next refresh, or at our first commit (a schema change, as for any table)."""
 
     def __init__(

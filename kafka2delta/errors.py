@@ -104,7 +104,8 @@ class SchemaChanged(Kafka2DeltaError):
 
 class TableNotCreated(Kafka2DeltaError):
     """A flush holds no row for a table that does not exist yet and has no configured schema: nothing is
-    committed to it (its dead letters are); the partitions' offsets are committed with their first rows."""
+    committed to it (its dead letters are); the partitions' offsets are marked in the dead-letter table, then
+    committed with their first rows."""
 
     def __init__(self, uri: str) -> None:
         super().__init__(f"{uri} does not exist yet and this flush holds no row to create it from")

@@ -362,7 +362,8 @@ class Metrics:
         )
         self._table_writers = Gauge(
             f"{_PREFIX}_table_writers",
-            "Commits of all writers per commit of this daemon, over its last commits (about the number of writers).",
+            "Commits of all writers per commit of this daemon, over its last commits, capped by the log's rate over "
+            "one wait of this daemon (about the number of writers).",
             table,
             registry=r,
         )

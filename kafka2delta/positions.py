@@ -25,7 +25,7 @@ logger = logging.getLogger(__name__)
 
 _MARK_ATTEMPTS = 3  # another daemon wrote (txns or schema): what it wrote is read back, the rest marked again
 UNMADE_MARK_INTERVAL_S = 60.0
-"""How often a table not made yet is marked at most (:meth:`Positions.mark_unmade`), but on a stop or a revoke: each
+"""How often a table not made yet is marked at most (:meth:`Positions.mark_unmade`), but at a stop or a revoke: each
 mark is a commit of the dead-letter table every daemon shares (found by review: one per flush doubled them)."""
 
 Marks = dict[TopicPartition, dict[str, int]]
@@ -54,6 +54,8 @@ class Positions:
         self._auto_offset_reset = auto_offset_reset
         self._unmade_marked: dict[str, float] = {}
         """When each table not made yet was last marked (:meth:`mark_unmade`), by URI."""
+        self._unmade_ends: dict[str, dict[TopicPartition, tuple[str, int]]] = {}
+        """Ends not marked yet, by table URI and partition: the partition's home table and its lane's end."""
 
     def read(self, uris: list[str], partitions: list[TopicPartition]) -> ReadBack:
         """The txn versions of ``partitions`` in each of the tables ``uris`` and in the dead-letter table, the start
@@ -222,25 +224,39 @@ class Positions:
         partitions: Mapping[TopicPartition, PartitionState],
         *,
         now: float,
-        final: bool,
     ) -> None:
         """After a flush whose table could not be made (no row yet: its dead letters alone were committed), mark the
         partitions that have no other table as held up to the lane's end: every message up to it is final (a dead
         letter recorded, or a skip), and nothing else would record it (found by review: each restart read such a
         partition again from ``auto_offset_reset``, loading every dead letter it ever recorded, and the counted ones
-        were kept in memory for good). A mark not written leaves the partition as before: read again, not lost; so
-        the table is marked once per :data:`UNMADE_MARK_INTERVAL_S` at most, but always by a ``final`` flush (a
-        stop, a revoke)."""
-        if not final and now - self._unmade_marked.get(uri, -UNMADE_MARK_INTERVAL_S) < UNMADE_MARK_INTERVAL_S:
-            return
-        starts: MarksToWrite = {}
+        were kept in memory for good). Marked by :meth:`write_unmade_marks`, once per
+        :data:`UNMADE_MARK_INTERVAL_S` at most."""
+        ends = self._unmade_ends.setdefault(uri, {})
         for tp, buffer in buffers.items():
             state = partitions.get(tp)
             if state is not None and list(state.tables) == [uri] and state.tables[uri] is None:
-                starts.setdefault((uri, state.home), {})[tp] = buffer.last_offset
-        if starts:
-            self._unmade_marked[uri] = now
-            self._write_marks(starts, partitions)
+                ends[tp] = (state.home, buffer.last_offset)
+        self.write_unmade_marks(partitions, now=now, at_once=False)
+
+    def write_unmade_marks(
+        self, partitions: Mapping[TopicPartition, PartitionState], *, now: float, at_once: bool
+    ) -> None:
+        """Write the ends :meth:`mark_unmade` holds of the tables last marked :data:`UNMADE_MARK_INTERVAL_S` ago
+        (``at_once``: of every table, at a stop or a revoke), for the partitions still held whose table still has no
+        txn. An end held back must not stay so (found by review: a mark left behind at a stop made the restart read
+        again, or refuse to start once retention had passed it); one not written leaves the partition read again
+        from its last mark, not lost."""
+        for uri in list(self._unmade_ends):
+            if not at_once and now - self._unmade_marked.get(uri, -UNMADE_MARK_INTERVAL_S) < UNMADE_MARK_INTERVAL_S:
+                continue
+            starts: MarksToWrite = {}
+            for tp, (home, end) in self._unmade_ends.pop(uri).items():
+                state = partitions.get(tp)
+                if state is not None and state.tables.get(uri, 0) is None:
+                    starts.setdefault((uri, home), {})[tp] = end
+            if starts:
+                self._unmade_marked[uri] = now
+                self._write_marks(starts, partitions)
 
     def settle_marks(
         self,

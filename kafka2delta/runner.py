@@ -204,6 +204,7 @@ class Ingestor:
                     self._flush(due.reasons)
                 elif not self._buffers:
                     self._turns.idle(self._tables)
+                    self._positions.write_unmade_marks(self._partitions, now=self._clock(), at_once=False)
                 if until_caught_up and self._caught_up():
                     self._flush("caught_up")  # no need to wait for the latency limit
                     if self._caught_up():  # a conflict in that flush would have moved us back
@@ -215,6 +216,7 @@ class Ingestor:
             if self._stop_requested is not None:
                 self._say_stopping()
             self._flush("shutdown")
+            self._positions.write_unmade_marks(self._partitions, now=self._clock(), at_once=True)
         except BaseException as exc:
             self._failed = True  # closing must not commit from a broken state
             self._board.set_state("failed", f"{type(exc).__name__}: {exc}")
@@ -449,8 +451,7 @@ class Ingestor:
         version = self._commit(reason, table, pending)
         if version is None:
             if pending.buffers:  # the table could not be made yet: its dead letters alone were committed
-                final, now = reason in ("shutdown", "revoke"), self._clock()
-                self._positions.mark_unmade(table.spec.uri, pending.buffers, self._partitions, now=now, final=final)
+                self._positions.mark_unmade(table.spec.uri, pending.buffers, self._partitions, now=self._clock())
                 for tp in pending.buffers:
                     self._partitions[tp].forget_covered_dead_letters()
             return set()  # every partition was dropped (conflicts), or nothing could be committed yet
@@ -497,8 +498,8 @@ class Ingestor:
             except SchemaChanged as changed:
                 self._schema_changed(changed, table, pending)
             except TableNotCreated as exc:
-                # No row yet to create the table from: its dead letters are recorded; the partitions' offsets
-                # are committed with their first rows (a crash meanwhile replays them, dead letters final).
+                # No row yet to create the table from: its dead letters are recorded; the partitions' offsets are
+                # marked (Positions.mark_unmade), then committed with their first rows (a crash replays from the mark).
                 logger.debug("%s", exc)
                 return None
             except RetryableError as exc:
@@ -585,9 +586,9 @@ class Ingestor:
         if decision.out_of_range:
             self._metrics.offset_out_of_range(tp.topic, tp.partition)
             logger.error("%s", decision.reason)
-        else:  # a report older than a seek since (found by review: logged as an error, counted)
-            start = decision.offset.value if isinstance(decision.offset, LogicalOffset) else decision.offset
-            logger.info("%s: reported out of range, but %s is in [%d, %d] now: reading on", tp, start, low, high)
+        else:  # a report older than a seek since, or from earliest (found by review: logged as an error, counted)
+            start = first_offset(decision.offset, low, high)
+            logger.info("%s: reported out of range, but %d is in [%d, %d] now: reading on", tp, start, low, high)
         if isinstance(decision.offset, int):
             state.position = decision.offset - 1
         state.start = first_offset(decision.offset, low, high)
@@ -663,6 +664,7 @@ class Ingestor:
             self._in_rebalance = True
             try:
                 self._flush("revoke", partitions=owned)
+                self._positions.write_unmade_marks(self._partitions, now=self._clock(), at_once=True)
             finally:
                 self._in_rebalance = False
         self._forget(owned)

@@ -155,10 +155,6 @@ class Due:
 
     reasons: dict[str, str]
 
-    @property
-    def tables(self) -> frozenset[str]:
-        return frozenset(self.reasons)
-
 
 Lane = tuple[TopicPartition, str]
 """A buffer's key: a partition's messages bound for one table (its URI)."""

@@ -332,8 +332,8 @@ class IngestConfig:
     """Flush when one partition has buffered this many bytes (Arrow, uncompressed)."""
     max_buffered_bytes: int = 128 * 1024 * 1024
     """Flush when all partitions together hold this many bytes of buffered rows (encoded row groups, Arrow bytes
-    of the rows not encoded yet, 16 a row for its offset and timestamp): the largest tables first, until half of it
-    is left (README)."""
+    of the rows not encoded yet, 16 a row for its offset and timestamp) and dead letters (payload, JSON text, key,
+    reason): the largest tables first, until half of it is left (README)."""
     row_group_rows: int = 65_536
     """Rows of a Parquet row group: a lane of an unpartitioned append table encodes its buffered rows into its next
     file's row groups (in memory, compressed) each time this many (or 16 MiB of Arrow data) have arrived, so a

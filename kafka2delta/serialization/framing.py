@@ -145,12 +145,12 @@ class GlueFraming:
         inflated_schemas: list[int] = []
         held = 0
         for row in np.flatnonzero(headed & (compression == GLUE_COMPRESSION_ZLIB)).tolist():
-            if held > GLUE_INFLATED_BATCH_BYTES:
-                break
             try:
                 version_id, datum = split_glue(cast(bytes, payloads[row]))
             except MessageError:
                 continue  # the per-message lane says why
+            if held + len(datum) > GLUE_INFLATED_BATCH_BYTES:
+                break
             held += len(datum)
             inflated.append(row)
             inflated_schemas.append(known.setdefault(version_id.int, len(known)))

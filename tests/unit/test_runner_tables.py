@@ -238,6 +238,14 @@ def test_a_latest_start_the_broker_lost_before_the_first_fetch_is_out_of_range(t
     with pytest.raises(FatalError, match=r"next offset 5 is outside the broker's range \[0, 2\]"):
         ingest_until_caught_up(cfg, source)
     assert source.starts == {0: 5}
+    # With a policy that goes on: counted, and read from where the policy says.
+    jumping = schemaless_config(
+        tmp_path / "jump", "t", K2D_KAFKA__AUTO_OFFSET_RESET="latest", K2D_KAFKA__MISSING_OFFSET_POLICY="earliest"
+    )
+    metrics = ingest_until_caught_up(jumping, TruncatedBeforeTheFirstFetch([b'{"n": 1}'] * 5))
+    counted = {"topic": "t", "partition": "0"}
+    assert metrics.registry.get_sample_value("kafka2delta_offsets_out_of_range_total", counted) == 1
+    assert DeltaTable(str(tmp_path / "jump" / "free")).to_pyarrow_table().num_rows == 5  # from offset 0
 
 
 def test_an_earliest_start_retention_took_before_the_first_fetch_reads_on_from_the_earliest_left(
@@ -265,6 +273,17 @@ def test_an_earliest_start_retention_took_before_the_first_fetch_reads_on_from_t
 
     ingest_until_caught_up(cfg, RetentionBeforeTheFirstFetch([b'{"n": %d}' % n for n in range(5)]))
     assert sorted(DeltaTable(str(tmp_path / "free")).to_pyarrow_table().column("n").to_pylist()) == [2, 3, 4]
+
+
+def test_a_mark_held_back_by_its_interval_is_written_at_the_stop(tmp_path: Path) -> None:
+    """Found by review: the second flush's end, within the minute of the first mark, was never marked; the restart
+    read it again, or refused to start once retention had passed the old mark."""
+    uri = tmp_path / "free"
+    cfg = schemaless_config(tmp_path, "t", K2D_INGEST__MAX_MESSAGES_PER_FILE="3")
+    ingest_until_caught_up(cfg, LogSource([b"x{"] * 6, chunk=3))
+    prefix = Routes(cfg).dead_letter_txn_ids("t").prefix
+    letters = DeadLetterTable.open(str(tmp_path / "dlq"), {}, prefix, "snappy", 10)
+    assert letters.start_marks(str(uri), [TopicPartition("t", 0)]) == {TopicPartition("t", 0): 5}
 
 
 def test_a_crash_between_the_dead_letters_and_the_mark_of_a_table_not_made_yet_reads_on_from_the_last_mark(
