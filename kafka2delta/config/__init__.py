@@ -11,15 +11,16 @@ become dots, as librdkafka keys never hold underscores), ``K2D_TABLE__STORAGE_OP
 sets the storage option ``AWS_REGION`` as written, ``K2D_TABLE__SCHEMA`` takes a JSON object.
 
 The package: ``sections`` (the typed sections and :class:`Config`), ``loading`` (TOML, environment,
-conversion) and ``validation`` (checks across keys).
+conversion), ``validation`` (checks across keys), ``masking`` (which keys and URI parts are secrets) and
+``secret_files`` (values given as files).
 """
 
 from __future__ import annotations
 
 from kafka2delta.config.loading import SECTIONS, load_config
+from kafka2delta.config.masking import MASK, is_secret_key, without_credentials
 from kafka2delta.config.sections import (
     ENV_PREFIX,
-    MASK,
     METADATA_COLUMNS,
     TOPIC_PLACEHOLDER,
     CoercionConfig,
@@ -38,9 +39,7 @@ from kafka2delta.config.sections import (
     SchemaRegistryConfig,
     SparkConfig,
     TableConfig,
-    is_secret_key,
     table_key,
-    without_credentials,
 )
 
 __all__ = [

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
+from kafka2delta.config.masking import MASK, is_secret_key
 from kafka2delta.config.secret_files import (
     MAPPING_KEYS,
     ConfigPath,
@@ -25,7 +26,6 @@ from kafka2delta.config.secret_files import (
 )
 from kafka2delta.config.sections import (
     ENV_PREFIX,
-    MASK,
     CoercionConfig,
     Config,
     CoordinatorConfig,
@@ -42,7 +42,6 @@ from kafka2delta.config.sections import (
     SchemaRegistryConfig,
     SparkConfig,
     TableConfig,
-    is_secret_key,
 )
 from kafka2delta.config.validation import validate, validate_storage_options
 from kafka2delta.errors import ConfigError

@@ -6,6 +6,7 @@ import re
 from collections.abc import Mapping
 from urllib.parse import urlsplit
 
+from kafka2delta.config.masking import without_credentials
 from kafka2delta.config.sections import (
     AZURE_SCHEMES,
     GCS_SCHEMES,
@@ -18,7 +19,6 @@ from kafka2delta.config.sections import (
     SchemaRegistryConfig,
     s3_option_name,
     table_key,
-    without_credentials,
 )
 from kafka2delta.errors import ConfigError
 from kafka2delta.schema import is_required, parse_schema

@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 
 from kafka2delta.config import MASK, is_secret_key, load_config, without_credentials
-from kafka2delta.config.sections import uri_secrets
+from kafka2delta.config.masking import uri_secrets
 from kafka2delta.errors import ConfigError
 
 MINIMAL = """

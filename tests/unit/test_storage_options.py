@@ -9,7 +9,7 @@ import pytest
 from deltalake.fs import DeltaStorageHandler
 
 from kafka2delta.config import MASK, load_config
-from kafka2delta.config.sections import is_secret_key
+from kafka2delta.config.masking import is_secret_key
 from kafka2delta.errors import ConfigError
 from kafka2delta.writer import table_filesystem
 
