@@ -74,11 +74,15 @@ class LogSource(FakeSource):
     seeks. Each consume serves ``chunk`` messages (None: as many as asked); the partition's end is reported by the
     consume after its last message, or with it (``end_with_last``: librdkafka may do either)."""
 
-    def __init__(self, payloads: list[bytes], chunk: int | None = None, end_with_last: bool = False) -> None:
+    def __init__(
+        self, payloads: list[bytes], chunk: int | None = None, end_with_last: bool = False, latest: int | None = None
+    ) -> None:
         super().__init__([], [0], high=len(payloads))
         self.log = payloads
         self.chunk = chunk
         self.end_with_last = end_with_last
+        self.latest = latest
+        """Where "latest" is when the consumer first fetches from it (None: no test starts this source there)."""
         self.position = 0
 
     def start(self, listener: RebalanceListener) -> None:
@@ -103,8 +107,9 @@ class LogSource(FakeSource):
         super().seek(tp, start)
         self.position = self._offset(start)
 
-    @staticmethod
-    def _offset(start: int | LogicalOffset) -> int:
+    def _offset(self, start: int | LogicalOffset) -> int:
+        if start is LogicalOffset.LATEST and self.latest is not None:
+            return self.latest
         assert start is LogicalOffset.EARLIEST or isinstance(start, int), start  # no table version: the start
         return 0 if isinstance(start, LogicalOffset) else start
 

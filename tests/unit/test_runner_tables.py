@@ -178,11 +178,7 @@ def test_a_resync_before_anything_is_held_reads_again_from_where_the_partition_b
                 write_deltalake(str(uri), pa.table({"n": pa.array([7], pa.int64())}))
             return batch
 
-        @staticmethod
-        def _offset(start: int | LogicalOffset) -> int:
-            return 0 if start is LogicalOffset.LATEST else LogSource._offset(start)  # latest: the end when assigned
-
-    source = MessagesAfterTheAssignment([b'{"n": 1}', b'{"n": 2}'])
+    source = MessagesAfterTheAssignment([b'{"n": 1}', b'{"n": 2}'], latest=0)  # latest: the end when assigned
     ingest_until_caught_up(cfg, source)
     assert source.seeks == [(0, 0)]  # where it began, not "latest"
     assert sorted(DeltaTable(str(uri)).to_pyarrow_table().column("n").to_pylist()) == [1, 2, 7]
@@ -206,11 +202,7 @@ def test_latest_starts_where_the_assignment_read_the_end_not_where_the_broker_is
             self.high = 0
             super().start(listener)
 
-        @staticmethod
-        def _offset(start: int | LogicalOffset) -> int:
-            return 2 if start is LogicalOffset.LATEST else LogSource._offset(start)  # the end at the first fetch
-
-    source = MessagesBeforeTheFirstFetch([b'{"n": 1}', b'{"n": 2}'])
+    source = MessagesBeforeTheFirstFetch([b'{"n": 1}', b'{"n": 2}'], latest=2)  # the end at the first fetch
     ingest_until_caught_up(cfg, source)
     assert source.starts == {0: 0}
     assert sorted(DeltaTable(str(uri)).to_pyarrow_table().column("n").to_pylist()) == [1, 2]
@@ -230,11 +222,7 @@ def test_a_latest_start_the_broker_lost_before_the_first_fetch_is_out_of_range(t
                 return ConsumedBatch(out_of_range=[self.tp(0)])
             return super().consume(max_messages, timeout)
 
-        @staticmethod
-        def _offset(start: int | LogicalOffset) -> int:
-            return 5 if start is LogicalOffset.LATEST else LogSource._offset(start)
-
-    source = TruncatedBeforeTheFirstFetch([b'{"n": 1}'] * 5)
+    source = TruncatedBeforeTheFirstFetch([b'{"n": 1}'] * 5, latest=5)
     with pytest.raises(FatalError, match=r"next offset 5 is outside the broker's range \[0, 2\]"):
         ingest_until_caught_up(cfg, source)
     assert source.starts == {0: 5}
@@ -242,7 +230,7 @@ def test_a_latest_start_the_broker_lost_before_the_first_fetch_is_out_of_range(t
     jumping = schemaless_config(
         tmp_path / "jump", "t", K2D_KAFKA__AUTO_OFFSET_RESET="latest", K2D_KAFKA__MISSING_OFFSET_POLICY="earliest"
     )
-    metrics = ingest_until_caught_up(jumping, TruncatedBeforeTheFirstFetch([b'{"n": 1}'] * 5))
+    metrics = ingest_until_caught_up(jumping, TruncatedBeforeTheFirstFetch([b'{"n": 1}'] * 5, latest=5))
     counted = {"topic": "t", "partition": "0"}
     assert metrics.registry.get_sample_value("kafka2delta_offsets_out_of_range_total", counted) == 1
     assert DeltaTable(str(tmp_path / "jump" / "free")).to_pyarrow_table().num_rows == 5  # from offset 0
